@@ -1,0 +1,206 @@
+// pyspec._core: registrations only. All logic lives in engine/ (C++) or pyspec/ (Python).
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/function.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include "spec/decoder.h"
+#include "spec/error.h"
+#include "spec/log.h"
+#include "spec/rng.h"
+#include "spec/sampling.h"
+#include "spec/verify.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+using FloatArray = nb::ndarray<nb::numpy, float>;
+using ConstFloatArray = nb::ndarray<const float, nb::c_contig, nb::device::cpu>;
+
+// Hands a vector to numpy without copying; the capsule owns it.
+FloatArray to_numpy(std::vector<float>&& values, std::initializer_list<size_t> shape) {
+    auto* owned = new std::vector<float>(std::move(values));
+    nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<float>*>(p); });
+    return FloatArray(owned->data(), shape, owner);
+}
+
+// Raises the class of that name from pyspec.errors (which gives them Python-friendly bases).
+void raise_as(const char* name, const char* message) {
+    nb::object cls = nb::module_::import_("pyspec.errors").attr(name);
+    PyErr_SetString(cls.ptr(), message);
+}
+
+}  // namespace
+
+NB_MODULE(_core, m) {
+    m.doc() = "pyspec engine core (C++ on llama.cpp). Use the pyspec package, not this module.";
+
+    nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+        try {
+            std::rethrow_exception(p);
+        } catch (const spec::ModelLoadError& e) { raise_as("ModelLoadError", e.what());
+        } catch (const spec::VocabMismatchError& e) { raise_as("VocabMismatchError", e.what());
+        } catch (const spec::InvalidArgumentError& e) { raise_as("InvalidArgumentError", e.what());
+        } catch (const spec::ContextOverflowError& e) { raise_as("ContextOverflowError", e.what());
+        } catch (const spec::DecodeError& e) { raise_as("DecodeError", e.what());
+        } catch (const spec::ClosedError& e) { raise_as("EngineClosedError", e.what());
+        } catch (const spec::Error& e) { raise_as("SpecError", e.what());
+        }
+    });
+
+    nb::class_<spec::LogLine>(m, "LogLine")
+        .def_ro("level", &spec::LogLine::level)
+        .def_ro("text", &spec::LogLine::text);
+    m.def("drain_logs", &spec::log_drain, "Returns and clears llama.cpp's buffered log lines.");
+
+    nb::class_<spec::Rng>(m, "Rng")
+        .def(nb::init<uint64_t>(), "seed"_a = 0)
+        .def("uniform", &spec::Rng::uniform);
+
+    nb::class_<spec::SamplingParams>(m, "SamplingParams")
+        .def(nb::init<>())
+        .def_rw("temperature", &spec::SamplingParams::temperature)
+        .def_rw("top_k", &spec::SamplingParams::top_k)
+        .def_rw("top_p", &spec::SamplingParams::top_p)
+        .def_rw("min_p", &spec::SamplingParams::min_p);
+
+    m.def("validate_sampling", &spec::validate, "params"_a);
+    m.def("compute_probs", [](ConstFloatArray logits, const spec::SamplingParams& params) {
+        std::vector<float> probs;
+        std::vector<int32_t> scratch;
+        spec::compute_probs(logits.data(), int32_t(logits.size()), params, probs, scratch);
+        const size_t n = probs.size();
+        return to_numpy(std::move(probs), {n});
+    }, "logits"_a, "params"_a, "Sampling distribution of one logits row [n_vocab].");
+
+    nb::class_<spec::ChainVerdict>(m, "ChainVerdict")
+        .def_ro("n_accepted", &spec::ChainVerdict::n_accepted)
+        .def_ro("next_token", &spec::ChainVerdict::next_token)
+        .def_ro("is_bonus", &spec::ChainVerdict::is_bonus);
+    m.def("verify_chain_greedy", &spec::verify_chain_greedy, "draft_tokens"_a, "target_argmax"_a);
+    m.def("verify_chain_rejection", [](const std::vector<int32_t>& draft_tokens, ConstFloatArray target_probs,
+                                       ConstFloatArray draft_probs, spec::Rng& rng) {
+        const size_t n_draft = draft_tokens.size();
+        if (target_probs.ndim() != 2 || target_probs.shape(0) != n_draft + 1 ||
+            draft_probs.ndim() != 2 || draft_probs.shape(0) != n_draft ||
+            (n_draft > 0 && draft_probs.shape(1) != target_probs.shape(1))) {
+            throw spec::InvalidArgumentError("expected target_probs [n_draft + 1, n_vocab] and draft_probs [n_draft, n_vocab]");
+        }
+        std::vector<float> residual;
+        return spec::verify_chain_rejection(draft_tokens, target_probs.data(), draft_probs.data(),
+                                            int32_t(target_probs.shape(1)), rng, residual);
+    }, "draft_tokens"_a, "target_probs"_a, "draft_probs"_a, "rng"_a);
+
+    nb::class_<spec::GenerateParams>(m, "GenerateParams")
+        .def(nb::init<>())
+        .def_rw("max_tokens", &spec::GenerateParams::max_tokens)
+        .def_rw("sampling", &spec::GenerateParams::sampling)
+        .def_rw("stop", &spec::GenerateParams::stop)
+        .def_rw("method", &spec::GenerateParams::method)
+        .def_rw("n_draft", &spec::GenerateParams::n_draft)
+        .def_rw("trace_top_k", &spec::GenerateParams::trace_top_k)
+        .def_rw("seed", &spec::GenerateParams::seed);
+
+    nb::class_<spec::Stats>(m, "Stats")
+        .def_ro("n_prompt_tokens", &spec::Stats::n_prompt_tokens)
+        .def_ro("n_generated", &spec::Stats::n_generated)
+        .def_ro("n_target_calls", &spec::Stats::n_target_calls)
+        .def_ro("n_drafted", &spec::Stats::n_drafted)
+        .def_ro("n_accepted", &spec::Stats::n_accepted)
+        .def_ro("n_draft_decodes", &spec::Stats::n_draft_decodes)
+        .def_ro("accept_histogram", &spec::Stats::accept_histogram)
+        .def_ro("t_prefill_ms", &spec::Stats::t_prefill_ms)
+        .def_ro("t_draft_ms", &spec::Stats::t_draft_ms)
+        .def_ro("t_verify_ms", &spec::Stats::t_verify_ms)
+        .def_ro("t_other_ms", &spec::Stats::t_other_ms)
+        .def_ro("t_total_ms", &spec::Stats::t_total_ms)
+        .def_prop_ro("acceptance_rate", &spec::Stats::acceptance_rate)
+        .def_prop_ro("tokens_per_target_call", &spec::Stats::tokens_per_target_call)
+        .def_prop_ro("tokens_per_second", &spec::Stats::tokens_per_second);
+
+    nb::class_<spec::StepTrace>(m, "StepTrace")
+        .def_ro("position", &spec::StepTrace::position)
+        .def_ro("draft_tokens", &spec::StepTrace::draft_tokens)
+        .def_ro("n_accepted", &spec::StepTrace::n_accepted)
+        .def_ro("target_token", &spec::StepTrace::target_token)
+        .def_ro("rejected", &spec::StepTrace::rejected)
+        .def_ro("top_ids", &spec::StepTrace::top_ids)
+        .def_ro("top_probs", &spec::StepTrace::top_probs);
+
+    nb::class_<spec::GenerateResult>(m, "GenerateResult")
+        .def_ro("text", &spec::GenerateResult::text)
+        .def_ro("prompt_tokens", &spec::GenerateResult::prompt_tokens)
+        .def_ro("tokens", &spec::GenerateResult::tokens)
+        .def_ro("finish_reason", &spec::GenerateResult::finish_reason)
+        .def_ro("stats", &spec::GenerateResult::stats)
+        .def_ro("trace", &spec::GenerateResult::trace);
+
+    nb::class_<spec::Engine>(m, "Engine")
+        .def("__init__", [](spec::Engine* self, const std::string& target, const std::string& draft, int32_t n_ctx,
+                            int32_t n_batch, int32_t n_threads, int32_t n_gpu_layers, int32_t n_seq_max, bool use_extra_bufts, uint64_t seed) {
+            spec::EngineParams params;
+            params.model.n_ctx = n_ctx;
+            params.model.n_batch = n_batch;
+            params.model.n_threads = n_threads;
+            params.model.n_gpu_layers = n_gpu_layers;
+            params.model.n_seq_max = n_seq_max;
+            params.model.use_extra_bufts = use_extra_bufts;
+            params.seed = seed;
+            new (self) spec::Engine(target, draft, params);
+        }, "target"_a, "draft"_a, "n_ctx"_a, "n_batch"_a, "n_threads"_a, "n_gpu_layers"_a, "n_seq_max"_a, "use_extra_bufts"_a, "seed"_a,
+           nb::call_guard<nb::gil_scoped_release>())
+        .def("generate", [](spec::Engine& engine, const std::vector<int32_t>& prompt, const spec::GenerateParams& params,
+                            nb::object on_text) {
+            spec::TextCallback callback;
+            if (!on_text.is_none()) {
+                callback = [on_text](const std::string& piece) {
+                    nb::gil_scoped_acquire gil;
+                    return nb::cast<bool>(on_text(piece));
+                };
+            }
+            nb::gil_scoped_release release;
+            return engine.generate(prompt, params, callback);
+        }, "prompt_tokens"_a, "params"_a, "on_text"_a = nb::none())
+        .def("evaluate", [](spec::Engine& engine, const std::vector<int32_t>& tokens, bool use_draft, bool all_rows) {
+            std::vector<float> logits;
+            size_t n_vocab;
+            {
+                nb::gil_scoped_release release;
+                logits = engine.evaluate(tokens, use_draft, all_rows);
+                n_vocab = size_t((use_draft ? engine.draft() : engine.target()).n_vocab());
+            }
+            const size_t n_rows = logits.size() / n_vocab;
+            return to_numpy(std::move(logits), {n_rows, n_vocab});
+        }, "tokens"_a, "use_draft"_a = false, "all_rows"_a = false)
+        .def("tokenize", [](spec::Engine& e, const std::string& text, bool add_special, bool parse_special) {
+            return e.target().tokenize(text, add_special, parse_special);
+        }, "text"_a, "add_special"_a, "parse_special"_a)
+        .def("detokenize", [](spec::Engine& e, const std::vector<int32_t>& tokens, bool special) {
+            const std::string bytes = e.target().detokenize(tokens, special);
+            return nb::bytes(bytes.data(), bytes.size());
+        }, "tokens"_a, "special"_a = false)
+        .def("token_to_piece", [](spec::Engine& e, int32_t token, bool special) {
+            const std::string bytes = e.target().token_to_piece(token, special);
+            return nb::bytes(bytes.data(), bytes.size());
+        }, "token"_a, "special"_a = false)
+        .def("apply_chat_template", [](spec::Engine& e, const std::vector<std::pair<std::string, std::string>>& messages,
+                                       bool add_assistant) {
+            return e.target().apply_chat_template(messages, add_assistant);
+        }, "messages"_a, "add_assistant"_a = true)
+        .def("is_eog", [](spec::Engine& e, int32_t token) { return e.target().is_eog(token); })
+        .def_prop_ro("n_vocab", [](spec::Engine& e) { return e.target().n_vocab(); })
+        .def_prop_ro("n_ctx", [](spec::Engine& e) { return e.target().n_ctx(); })
+        .def_prop_ro("has_draft", &spec::Engine::has_draft)
+        .def_prop_ro("closed", &spec::Engine::closed)
+        .def("describe", [](spec::Engine& e, bool use_draft) {
+            spec::Model& model = use_draft ? e.draft() : e.target();
+            return std::make_tuple(model.description(), model.n_layer(), model.n_embd(), model.n_vocab());
+        }, "use_draft"_a = false)
+        .def("close", &spec::Engine::close);
+}

@@ -1,0 +1,118 @@
+// The speculative decoding loop: prefill, then per step draft -> one target decode -> verify ->
+// commit -> roll back rejected KV, until EOG, max_tokens, a stop string, the context window, or
+// cancellation. Plain decoding (method "none") runs through the same loop with no drafter.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "spec/drafter.h"
+#include "spec/model.h"
+#include "spec/rng.h"
+#include "spec/sampling.h"
+
+namespace spec {
+
+struct GenerateParams {
+    int32_t max_tokens = 256;
+    SamplingParams sampling;
+    std::vector<std::string> stop;
+    std::string method = "chain";  // "none" | "chain"
+    int32_t n_draft = 4;           // longest chain proposed per step
+    int32_t trace_top_k = 32;      // target top-k kept at each rejected position; 0: no trace
+    std::optional<uint64_t> seed;  // reseed the engine's RNG for this request
+};
+
+struct Stats {
+    int32_t n_prompt_tokens = 0;
+    int32_t n_generated = 0;       // tokens in the result
+    int32_t n_target_calls = 0;    // target decodes after prefill (one per step)
+    int32_t n_drafted = 0;         // draft tokens proposed
+    int32_t n_accepted = 0;        // draft tokens accepted
+    int32_t n_draft_decodes = 0;   // draft model decodes (0 for model-free drafting)
+    std::vector<int32_t> accept_histogram;  // [n_draft + 1] steps that accepted i draft tokens
+    double t_prefill_ms = 0, t_draft_ms = 0, t_verify_ms = 0, t_other_ms = 0;
+    double t_total_ms = 0;         // prefill + generation
+
+    double acceptance_rate() const { return n_drafted ? double(n_accepted) / n_drafted : 0.0; }
+    double tokens_per_target_call() const {
+        return n_target_calls ? double(n_generated) / n_target_calls : 0.0;
+    }
+    // Generated tokens per second of generation time (prefill excluded).
+    double tokens_per_second() const {
+        const double t = t_total_ms - t_prefill_ms;
+        return t > 0 ? 1000.0 * n_generated / t : 0.0;
+    }
+};
+
+// One verification step, for the online trainer.
+struct StepTrace {
+    int32_t position = 0;                // index in the generated tokens of the first draft token
+    std::vector<int32_t> draft_tokens;   // [n_draft_this_step]
+    int32_t n_accepted = 0;
+    int32_t target_token = 0;            // the recovered or bonus token the target added
+    bool rejected = false;               // a draft token was rejected at position + n_accepted
+    std::vector<int32_t> top_ids;        // [k] target top-k at the rejected position (T = 1)
+    std::vector<float> top_probs;        // [k]
+};
+
+struct GenerateResult {
+    std::string text;
+    std::vector<int32_t> prompt_tokens;
+    std::vector<int32_t> tokens;         // generated tokens
+    std::string finish_reason;           // "stop" | "length" | "cancelled"
+    Stats stats;
+    std::vector<StepTrace> trace;
+};
+
+// Called with each newly safe piece of text; return false to cancel the generation.
+using TextCallback = std::function<bool(const std::string&)>;
+
+struct EngineParams {
+    ModelParams model;
+    uint64_t seed = 0;
+};
+
+class Engine {
+public:
+    // draft_path empty: no draft model (only model-free methods). Throws on load errors and on a
+    // target/draft vocabulary mismatch, before any generation.
+    Engine(const std::string& target_path, const std::string& draft_path, const EngineParams& params);
+    ~Engine();
+
+    Model& target();
+    bool has_draft() const { return draft_ != nullptr; }
+    Model& draft();
+
+    // Generates from already tokenized input. Throws InvalidArgumentError / ContextOverflowError
+    // for bad input before touching the models; a cancelled generation returns normally with
+    // finish_reason "cancelled" and leaves the engine ready for the next call.
+    GenerateResult generate(const std::vector<int32_t>& prompt_tokens, const GenerateParams& params,
+                            const TextCallback& on_text = nullptr);
+
+    // Evaluates `tokens` from an empty KV cache of the target (or the draft) and returns logits:
+    // every row ([n_tokens, n_vocab]) when all_rows, else the last row ([n_vocab]). For tests
+    // and tools (reference distributions, golden comparisons); not used by generate().
+    std::vector<float> evaluate(const std::vector<int32_t>& tokens, bool use_draft, bool all_rows);
+
+    // Frees the models; any later call throws ClosedError.
+    void close();
+    bool closed() const { return target_ == nullptr; }
+
+private:
+    void check_open() const;
+    void validate(const std::vector<int32_t>& prompt_tokens, const GenerateParams& params) const;
+    Drafter* drafter_for(const std::string& method);
+
+    EngineParams params_;
+    std::unique_ptr<Model> target_;
+    std::unique_ptr<Model> draft_;
+    std::unique_ptr<Drafter> chain_drafter_;
+    Rng rng_;
+};
+
+}  // namespace spec

@@ -1,0 +1,111 @@
+// A loaded GGUF model and its context: everything the engine does with llama.cpp goes through
+// here. Owns its llama handles (RAII); not copyable.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+struct llama_model;
+struct llama_context;
+struct llama_vocab;
+
+namespace spec {
+
+struct ModelParams {
+    int32_t n_ctx = 4096;       // context window in tokens (0: the model's training context)
+    int32_t n_batch = 512;      // largest batch given to one decode (prompt chunks are this size)
+    int32_t n_seq_max = 1;      // sequences in the (unified) KV cache; trees need more than one
+    int32_t n_threads = 0;      // 0: hardware concurrency
+    int32_t n_gpu_layers = 0;   // layers offloaded to a GPU backend when llama.cpp has one
+    bool use_mmap = true;
+    // llama.cpp's extra CPU buffer types (weight repacking, AMX). Faster one-token decoding, but
+    // batched and one-token logits then differ more (DESIGN.md, "Numerics"), and ggml's AMX path
+    // faults on some virtual machines: the Python layer turns it off where AMX is present.
+    bool use_extra_bufts = true;
+    // Flash attention changes batched-vs-one-token logits by ~1e-2 on CPU (measured on the tiny
+    // models: 6.5e-3 vs 9.4e-4 without), enough to flip near-ties; off unless asked for.
+    bool flash_attn = false;
+};
+
+// One entry of a batch: a token at a position, in one or more sequences, optionally producing a
+// logits row.
+struct BatchToken {
+    int32_t token;
+    int32_t pos;
+    std::vector<int32_t> seq_ids;  // default: {0}
+    bool output;
+};
+
+class Model {
+public:
+    // Loads `path` and creates a context. Throws ModelLoadError (missing file, not GGUF, truncated,
+    // rejected by llama.cpp: the message quotes llama.cpp's reason) or InvalidArgumentError.
+    Model(const std::string& path, const ModelParams& params);
+    ~Model();
+    Model(const Model&) = delete;
+    Model& operator=(const Model&) = delete;
+
+    const std::string& path() const { return path_; }
+    const ModelParams& params() const { return params_; }
+    int32_t n_vocab() const { return n_vocab_; }
+    int32_t n_ctx() const;
+    int32_t n_layer() const;
+    int32_t n_embd() const;
+    std::string description() const;
+
+    // Tokenize UTF-8 text. add_special: BOS if the model wants one; parse_special: turn special
+    // token text such as "<|im_start|>" into the special token.
+    std::vector<int32_t> tokenize(const std::string& text, bool add_special, bool parse_special) const;
+    // The bytes of one token (special tokens rendered as text when `special`). May be a partial
+    // UTF-8 sequence: callers that stream must hold back incomplete sequences.
+    std::string token_to_piece(int32_t token, bool special = false) const;
+    std::string detokenize(const std::vector<int32_t>& tokens, bool special = false) const;
+    bool is_eog(int32_t token) const;
+    std::string token_text(int32_t token) const;  // the vocabulary entry as stored in the GGUF
+
+    // Formats a conversation with the model's built-in chat template (llama_chat_apply_template).
+    // messages: (role, content) pairs. Throws InvalidArgumentError when the model has no template
+    // or llama.cpp does not support it.
+    std::string apply_chat_template(const std::vector<std::pair<std::string, std::string>>& messages,
+                                    bool add_assistant) const;
+
+    // Runs one decode. Rows of logits are produced for the tokens with output=true, in batch order;
+    // read them with logits(i) (i = index among the output rows). Throws ContextOverflowError when
+    // the KV cache has no room, DecodeError otherwise. Batches larger than n_batch are an error.
+    void decode(const std::vector<BatchToken>& batch);
+    // Convenience: tokens at consecutive positions from `pos0` in sequence 0; only the last
+    // produces logits unless all_logits.
+    void decode_seq(const int32_t* tokens, int32_t n_tokens, int32_t pos0, bool all_logits);
+
+    // Logits row of the i-th output of the last decode. Valid until the next decode.
+    // returns: [n_vocab] float32
+    const float* logits(int32_t i) const;
+    int32_t n_outputs() const { return n_outputs_; }
+
+    // KV cache: drop positions [p0, p1) of a sequence (p1 < 0: to the end); copy; keep one.
+    void kv_remove(int32_t seq_id, int32_t p0, int32_t p1 = -1);
+    void kv_copy(int32_t seq_src, int32_t seq_dst, int32_t p0 = -1, int32_t p1 = -1);
+    void kv_keep(int32_t seq_id);
+    void kv_clear();
+    int32_t kv_pos_max(int32_t seq_id) const;  // -1 when empty
+
+    llama_model* raw_model() const { return model_; }
+    llama_context* raw_context() const { return ctx_; }
+
+private:
+    std::string path_;
+    ModelParams params_;
+    llama_model* model_ = nullptr;
+    llama_context* ctx_ = nullptr;
+    const llama_vocab* vocab_ = nullptr;
+    int32_t n_vocab_ = 0;
+    int32_t n_outputs_ = 0;
+    std::vector<int32_t> output_index_;  // output row i -> batch index
+};
+
+// Throws VocabMismatchError naming the first difference (vocab type, size, a special token, or the
+// first token whose text differs) when a draft cannot propose tokens for the target.
+void check_vocab_compatible(const Model& target, const Model& draft);
+
+}  // namespace spec

@@ -1,0 +1,250 @@
+#include "spec/model.h"
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <thread>
+
+#include "llama.h"
+#include "spec/error.h"
+#include "spec/log.h"
+
+namespace spec {
+namespace {
+
+// Cheap checks before handing the file to llama.cpp, so the common mistakes get a plain message.
+void check_gguf_file(const std::string& path) {
+    std::ifstream file(path, std::ios::binary);
+    if (!file) throw ModelLoadError("model file not found or unreadable: " + path);
+    char magic[4] = {0, 0, 0, 0};
+    file.read(magic, 4);
+    if (file.gcount() < 4 || std::memcmp(magic, "GGUF", 4) != 0) {
+        throw ModelLoadError("not a GGUF file (bad magic): " + path);
+    }
+}
+
+std::string with_reason(const std::string& message) {
+    const std::string reason = log_take_recent_errors();
+    return reason.empty() ? message : message + "\nllama.cpp: " + reason;
+}
+
+}  // namespace
+
+Model::Model(const std::string& path, const ModelParams& params) : path_(path), params_(params) {
+    if (params.n_ctx < 0) throw InvalidArgumentError("n_ctx must be >= 0, got " + std::to_string(params.n_ctx));
+    if (params.n_batch < 1) throw InvalidArgumentError("n_batch must be >= 1, got " + std::to_string(params.n_batch));
+    if (params.n_seq_max < 1) throw InvalidArgumentError("n_seq_max must be >= 1");
+    if (params.n_threads < 0) throw InvalidArgumentError("n_threads must be >= 0, got " + std::to_string(params.n_threads));
+    log_capture_install();
+    check_gguf_file(path);
+    log_take_recent_errors();  // forget older warnings: only this load's reasons are quoted
+
+    llama_model_params mparams = llama_model_default_params();
+    mparams.n_gpu_layers = params.n_gpu_layers;
+    mparams.load_mode = params.use_mmap ? LLAMA_LOAD_MODE_MMAP : LLAMA_LOAD_MODE_NONE;
+    mparams.use_extra_bufts = params.use_extra_bufts;
+    model_ = llama_model_load_from_file(path.c_str(), mparams);
+    if (!model_) throw ModelLoadError(with_reason("llama.cpp could not load model: " + path));
+
+    const int32_t n_threads = params.n_threads > 0
+        ? params.n_threads
+        : std::max(1, int32_t(std::thread::hardware_concurrency()));
+    llama_context_params cparams = llama_context_default_params();
+    cparams.n_ctx = uint32_t(params.n_ctx);
+    cparams.n_batch = uint32_t(params.n_batch);
+    cparams.n_ubatch = uint32_t(params.n_batch);
+    cparams.n_seq_max = uint32_t(params.n_seq_max);
+    cparams.n_threads = n_threads;
+    cparams.n_threads_batch = n_threads;
+    cparams.kv_unified = true;
+    cparams.flash_attn_type = params.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    cparams.no_perf = true;
+    ctx_ = llama_init_from_model(model_, cparams);
+    if (!ctx_) {
+        llama_model_free(model_);
+        model_ = nullptr;
+        throw ModelLoadError(with_reason("llama.cpp could not create a context for " + path +
+                                         " (n_ctx=" + std::to_string(params.n_ctx) + ")"));
+    }
+    vocab_ = llama_model_get_vocab(model_);
+    n_vocab_ = llama_vocab_n_tokens(vocab_);
+}
+
+Model::~Model() {
+    if (ctx_) llama_free(ctx_);
+    if (model_) llama_model_free(model_);
+}
+
+int32_t Model::n_ctx() const { return int32_t(llama_n_ctx(ctx_)); }
+int32_t Model::n_layer() const { return llama_model_n_layer(model_); }
+int32_t Model::n_embd() const { return llama_model_n_embd(model_); }
+
+std::string Model::description() const {
+    char buf[256];
+    llama_model_desc(model_, buf, sizeof(buf));
+    return buf;
+}
+
+std::vector<int32_t> Model::tokenize(const std::string& text, bool add_special, bool parse_special) const {
+    std::vector<int32_t> tokens(text.size() + 8);
+    int32_t n = llama_tokenize(vocab_, text.data(), int32_t(text.size()), tokens.data(),
+                               int32_t(tokens.size()), add_special, parse_special);
+    if (n < 0) {
+        if (n == INT32_MIN) throw InvalidArgumentError("text too long to tokenize");
+        tokens.resize(size_t(-n));
+        n = llama_tokenize(vocab_, text.data(), int32_t(text.size()), tokens.data(),
+                           int32_t(tokens.size()), add_special, parse_special);
+    }
+    tokens.resize(size_t(std::max(n, 0)));
+    return tokens;
+}
+
+std::string Model::token_to_piece(int32_t token, bool special) const {
+    char buf[128];
+    int32_t n = llama_token_to_piece(vocab_, token, buf, sizeof(buf), 0, special);
+    if (n >= 0) return std::string(buf, size_t(n));
+    std::string out(size_t(-n), '\0');
+    n = llama_token_to_piece(vocab_, token, out.data(), int32_t(out.size()), 0, special);
+    out.resize(size_t(std::max(n, 0)));
+    return out;
+}
+
+std::string Model::detokenize(const std::vector<int32_t>& tokens, bool special) const {
+    std::string out;
+    for (int32_t t : tokens) out += token_to_piece(t, special);
+    return out;
+}
+
+bool Model::is_eog(int32_t token) const { return llama_vocab_is_eog(vocab_, token); }
+
+std::string Model::token_text(int32_t token) const {
+    const char* text = llama_vocab_get_text(vocab_, token);
+    return text ? text : "";
+}
+
+std::string Model::apply_chat_template(
+        const std::vector<std::pair<std::string, std::string>>& messages, bool add_assistant) const {
+    const char* tmpl = llama_model_chat_template(model_, nullptr);
+    if (!tmpl) throw InvalidArgumentError("model has no chat template: " + path_);
+    std::vector<llama_chat_message> chat;
+    size_t total = 0;
+    for (const auto& [role, content] : messages) {
+        chat.push_back({role.c_str(), content.c_str()});
+        total += role.size() + content.size();
+    }
+    std::vector<char> buf(2 * total + 256);
+    int32_t n = llama_chat_apply_template(tmpl, chat.data(), chat.size(), add_assistant, buf.data(),
+                                          int32_t(buf.size()));
+    if (n > int32_t(buf.size())) {
+        buf.resize(size_t(n));
+        n = llama_chat_apply_template(tmpl, chat.data(), chat.size(), add_assistant, buf.data(),
+                                      int32_t(buf.size()));
+    }
+    if (n < 0) throw InvalidArgumentError("llama.cpp does not support this model's chat template: " + path_);
+    return std::string(buf.data(), size_t(n));
+}
+
+void Model::decode(const std::vector<BatchToken>& batch) {
+    const int32_t n = int32_t(batch.size());
+    if (n == 0) return;
+    if (n > params_.n_batch) {
+        throw InvalidArgumentError("batch of " + std::to_string(n) + " tokens exceeds n_batch=" +
+                                   std::to_string(params_.n_batch));
+    }
+    int32_t n_seq = 1;
+    for (const auto& t : batch) n_seq = std::max<int32_t>(n_seq, int32_t(t.seq_ids.size()));
+    llama_batch b = llama_batch_init(n, 0, n_seq);
+    output_index_.clear();
+    for (int32_t i = 0; i < n; ++i) {
+        const BatchToken& t = batch[size_t(i)];
+        b.token[i] = t.token;
+        b.pos[i] = t.pos;
+        if (t.seq_ids.empty()) {
+            b.n_seq_id[i] = 1;
+            b.seq_id[i][0] = 0;
+        } else {
+            b.n_seq_id[i] = int32_t(t.seq_ids.size());
+            for (size_t s = 0; s < t.seq_ids.size(); ++s) b.seq_id[i][s] = t.seq_ids[s];
+        }
+        b.logits[i] = t.output ? 1 : 0;
+        if (t.output) output_index_.push_back(i);
+    }
+    b.n_tokens = n;
+    const int32_t rc = llama_decode(ctx_, b);
+    llama_batch_free(b);
+    n_outputs_ = int32_t(output_index_.size());
+    if (rc == 1) {
+        throw ContextOverflowError(with_reason("no room in the KV cache for " + std::to_string(n) +
+                                               " tokens (n_ctx=" + std::to_string(n_ctx()) + ")"));
+    }
+    if (rc != 0) throw DecodeError(with_reason("llama_decode failed with code " + std::to_string(rc)));
+}
+
+void Model::decode_seq(const int32_t* tokens, int32_t n_tokens, int32_t pos0, bool all_logits) {
+    std::vector<BatchToken> batch;
+    batch.reserve(size_t(n_tokens));
+    for (int32_t i = 0; i < n_tokens; ++i) {
+        batch.push_back({tokens[i], pos0 + i, {}, all_logits || i == n_tokens - 1});
+    }
+    decode(batch);
+}
+
+const float* Model::logits(int32_t i) const {
+    if (i < 0 || i >= n_outputs_) {
+        throw InvalidArgumentError("logits row " + std::to_string(i) + " out of range [0, " +
+                                   std::to_string(n_outputs_) + ")");
+    }
+    return llama_get_logits_ith(ctx_, output_index_[size_t(i)]);
+}
+
+void Model::kv_remove(int32_t seq_id, int32_t p0, int32_t p1) {
+    llama_memory_seq_rm(llama_get_memory(ctx_), seq_id, p0, p1);
+}
+
+void Model::kv_copy(int32_t seq_src, int32_t seq_dst, int32_t p0, int32_t p1) {
+    llama_memory_seq_cp(llama_get_memory(ctx_), seq_src, seq_dst, p0, p1);
+}
+
+void Model::kv_keep(int32_t seq_id) { llama_memory_seq_keep(llama_get_memory(ctx_), seq_id); }
+
+void Model::kv_clear() { llama_memory_clear(llama_get_memory(ctx_), true); }
+
+int32_t Model::kv_pos_max(int32_t seq_id) const {
+    return llama_memory_seq_pos_max(llama_get_memory(ctx_), seq_id);
+}
+
+void check_vocab_compatible(const Model& target, const Model& draft) {
+    const llama_vocab* tv = llama_model_get_vocab(target.raw_model());
+    const llama_vocab* dv = llama_model_get_vocab(draft.raw_model());
+    const std::string where = " (target " + target.path() + ", draft " + draft.path() + ")";
+    if (llama_vocab_type(tv) != llama_vocab_type(dv)) {
+        throw VocabMismatchError("vocabulary types differ: target " + std::to_string(llama_vocab_type(tv)) +
+                                 ", draft " + std::to_string(llama_vocab_type(dv)) + where);
+    }
+    if (target.n_vocab() != draft.n_vocab()) {
+        throw VocabMismatchError("vocabulary sizes differ: target " + std::to_string(target.n_vocab()) +
+                                 ", draft " + std::to_string(draft.n_vocab()) + where);
+    }
+    const struct { const char* name; llama_token (*get)(const llama_vocab*); } specials[] = {
+        {"bos", llama_vocab_bos}, {"eos", llama_vocab_eos}, {"eot", llama_vocab_eot},
+    };
+    for (const auto& s : specials) {
+        if (s.get(tv) != s.get(dv)) {
+            throw VocabMismatchError(std::string("special token ") + s.name + " differs: target " +
+                                     std::to_string(s.get(tv)) + ", draft " + std::to_string(s.get(dv)) + where);
+        }
+    }
+    if (llama_vocab_get_add_bos(tv) != llama_vocab_get_add_bos(dv)) {
+        throw VocabMismatchError("add_bos differs between target and draft" + where);
+    }
+    for (int32_t t = 0; t < target.n_vocab(); ++t) {
+        const char* a = llama_vocab_get_text(tv, t);
+        const char* b = llama_vocab_get_text(dv, t);
+        if (std::strcmp(a ? a : "", b ? b : "") != 0) {
+            throw VocabMismatchError("token " + std::to_string(t) + " differs: target '" + (a ? a : "") +
+                                     "', draft '" + (b ? b : "") + "'" + where);
+        }
+    }
+}
+
+}  // namespace spec

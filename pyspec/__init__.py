@@ -1,0 +1,44 @@
+"""pyspec: exact speculative decoding for GGUF models on llama.cpp.
+
+    >>> from pyspec import Engine
+    >>> with Engine("qwen2.5-coder-1.5b-instruct", draft="qwen2.5-coder-0.5b-instruct") as engine:
+    ...     result = engine.generate([{"role": "user", "content": "Write fizzbuzz"}], max_tokens=128)
+    ...     print(result.text, result.stats.tokens_per_second)
+"""
+
+from __future__ import annotations
+
+import logging
+
+from .engine import METHODS, Engine, TextStream
+from .errors import (
+    ContextOverflowError,
+    DecodeError,
+    EngineClosedError,
+    InvalidArgumentError,
+    ModelLoadError,
+    SpecError,
+    VocabMismatchError,
+)
+from .results import GenerationResult, GenerationStats, Trace
+
+# Quiet by default: nothing reaches stderr unless the application configures logging.
+logging.getLogger("pyspec").addHandler(logging.NullHandler())
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Engine",
+    "TextStream",
+    "METHODS",
+    "GenerationResult",
+    "GenerationStats",
+    "Trace",
+    "SpecError",
+    "ModelLoadError",
+    "VocabMismatchError",
+    "InvalidArgumentError",
+    "ContextOverflowError",
+    "DecodeError",
+    "EngineClosedError",
+]

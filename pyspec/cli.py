@@ -1,0 +1,112 @@
+"""The `pyspec` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any, Sequence
+
+from .errors import SpecError
+
+
+def _add_generation_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-tokens", type=int, default=256, help="most tokens to generate (default 256)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0, help="0 disables")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=None, help="seed for sampling")
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    p.add_argument("--n-draft", type=int, default=4, help="longest draft per step (default 4)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--n-ctx", type=int, default=4096)
+    p.add_argument("--n-gpu-layers", type=int, default=0, help="layers to offload (GPU builds only)")
+
+
+def _read_prompt(args: argparse.Namespace) -> str:
+    if args.prompt is not None:
+        return str(args.prompt)
+    if args.prompt_file == "-":
+        return sys.stdin.read()
+    with open(args.prompt_file, encoding="utf-8") as f:
+        return f.read()
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from .engine import Engine
+
+    prompt_text = _read_prompt(args)
+    with Engine(args.target, draft=args.draft, n_ctx=args.n_ctx, n_threads=args.threads,
+                n_gpu_layers=args.n_gpu_layers) as engine:
+        prompt: Any = [{"role": "user", "content": prompt_text}] if args.chat else prompt_text
+        kwargs = dict(
+            max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+            min_p=args.min_p, stop=args.stop, method=args.method, n_draft=args.n_draft, seed=args.seed,
+        )
+        if args.json:
+            result = engine.generate(prompt, **kwargs)
+            print(json.dumps(result.to_dict(), ensure_ascii=False))
+            return 0
+        stream = engine.stream(prompt, **kwargs)
+        for piece in stream:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        result = stream.result
+        assert result is not None
+        s = result.stats
+        print(file=sys.stdout)
+        print(
+            f"[{result.method}] {s.n_generated} tokens, {s.tokens_per_second:.1f} tok/s, "
+            f"acceptance {s.acceptance_rate:.2f}, {s.tokens_per_target_call:.2f} tokens/target call, "
+            f"finish: {result.finish_reason}",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pyspec", description="Exact speculative decoding for GGUF models.")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (-vv: llama.cpp debug)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate text with a target (and draft) model")
+    gen.add_argument("--target", required=True, help="GGUF path or registry name")
+    gen.add_argument("--draft", default=None, help="GGUF path or registry name of the draft model")
+    src = gen.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text")
+    src.add_argument("--prompt-file", help="file with the prompt text ('-' for stdin)")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
+    gen.add_argument("--method", choices=["none", "chain"], default=None,
+                     help="decoding method (default: chain with a draft, else none)")
+    gen.add_argument("--json", action="store_true", help="print one JSON object with text, tokens, finish_reason, stats")
+    _add_generation_args(gen)
+    gen.set_defaults(handler=_cmd_generate)
+
+    from . import demo, data, models
+
+    demo.register_cli(sub)
+    models.register_cli(sub)
+    data.register_cli(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = logging.WARNING if args.verbose == 0 else (logging.INFO if args.verbose == 1 else logging.DEBUG)
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    if args.verbose < 2:
+        logging.getLogger("pyspec.llama").setLevel(logging.ERROR if args.verbose == 0 else logging.WARNING)
+    try:
+        return int(args.handler(args) or 0)
+    except (SpecError, FileNotFoundError, ValueError, OSError) as exc:
+        print(f"pyspec: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

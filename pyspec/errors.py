@@ -1,0 +1,42 @@
+"""Exceptions raised by pyspec. The C++ engine's typed errors arrive as these classes."""
+
+from __future__ import annotations
+
+
+class SpecError(Exception):
+    """Base class of every pyspec error."""
+
+
+class ModelLoadError(SpecError, OSError):
+    """A model file is missing, not GGUF, truncated, or llama.cpp refused to load it."""
+
+
+class VocabMismatchError(SpecError, ValueError):
+    """Target and draft do not share a vocabulary; the message names the first difference."""
+
+
+class InvalidArgumentError(SpecError, ValueError):
+    """A parameter is outside its valid range; the message names it and its value."""
+
+
+class ContextOverflowError(SpecError, ValueError):
+    """The prompt does not fit the context window."""
+
+
+class DecodeError(SpecError, RuntimeError):
+    """llama.cpp failed to evaluate a batch."""
+
+
+class EngineClosedError(SpecError, RuntimeError):
+    """The engine was used after close()."""
+
+
+__all__ = [
+    "SpecError",
+    "ModelLoadError",
+    "VocabMismatchError",
+    "InvalidArgumentError",
+    "ContextOverflowError",
+    "DecodeError",
+    "EngineClosedError",
+]

@@ -1,0 +1,126 @@
+"""Results of a generation: text, tokens, statistics and the per-step trace."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class GenerationStats:
+    """Statistics of one generation. Names are stable: scripts may rely on them."""
+
+    n_prompt_tokens: int
+    n_generated: int
+    n_target_calls: int  # target decodes after prefill, one per speculative step
+    n_drafted: int  # draft tokens proposed
+    n_accepted: int  # draft tokens accepted
+    n_draft_decodes: int  # draft-model decodes (prefill included); 0 for model-free methods
+    acceptance_rate: float  # n_accepted / n_drafted
+    tokens_per_target_call: float  # n_generated / n_target_calls
+    tokens_per_second: float  # n_generated / generation time (prefill excluded)
+    accept_histogram: list[int]  # [n_draft + 1] steps that accepted i draft tokens
+    t_prefill_ms: float
+    t_draft_ms: float
+    t_verify_ms: float
+    t_other_ms: float
+    t_total_ms: float
+
+    @classmethod
+    def _from_core(cls, s: Any) -> "GenerationStats":
+        return cls(
+            n_prompt_tokens=s.n_prompt_tokens,
+            n_generated=s.n_generated,
+            n_target_calls=s.n_target_calls,
+            n_drafted=s.n_drafted,
+            n_accepted=s.n_accepted,
+            n_draft_decodes=s.n_draft_decodes,
+            acceptance_rate=s.acceptance_rate,
+            tokens_per_target_call=s.tokens_per_target_call,
+            tokens_per_second=s.tokens_per_second,
+            accept_histogram=list(s.accept_histogram),
+            t_prefill_ms=s.t_prefill_ms,
+            t_draft_ms=s.t_draft_ms,
+            t_verify_ms=s.t_verify_ms,
+            t_other_ms=s.t_other_ms,
+            t_total_ms=s.t_total_ms,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Per-step record of what was drafted and where the target disagreed.
+
+    Steps are verification steps (one target call each). Rejections are the steps where a draft
+    token was rejected; for each, the target's top-k distribution (temperature 1, renormalised
+    over the whole vocabulary, so the k probabilities sum to <= 1) at the rejected position.
+    """
+
+    positions: np.ndarray  # [n_steps] int32: index in the generated tokens of the step's first draft token
+    n_accepted: np.ndarray  # [n_steps] int32
+    target_tokens: np.ndarray  # [n_steps] int32: recovered or bonus token of the step
+    draft_offsets: np.ndarray  # [n_steps + 1] int32: step i drafted draft_tokens[off[i]:off[i+1]]
+    draft_tokens: np.ndarray  # [sum of draft lengths] int32
+    reject_steps: np.ndarray  # [n_rejects] int32: step index of each rejection
+    reject_positions: np.ndarray  # [n_rejects] int32: index in the generated tokens of the rejected token
+    top_ids: np.ndarray  # [n_rejects, k] int32
+    top_probs: np.ndarray  # [n_rejects, k] float32
+
+    @property
+    def n_steps(self) -> int:
+        return int(self.positions.shape[0])
+
+    def drafted(self, step: int) -> np.ndarray:
+        return self.draft_tokens[self.draft_offsets[step] : self.draft_offsets[step + 1]]
+
+    @classmethod
+    def _from_core(cls, steps: list[Any], top_k: int) -> "Trace":
+        n = len(steps)
+        lengths = np.array([len(s.draft_tokens) for s in steps], dtype=np.int32)
+        offsets = np.zeros(n + 1, dtype=np.int32)
+        np.cumsum(lengths, out=offsets[1:])
+        rejected = [i for i, s in enumerate(steps) if s.rejected]
+        k = max([len(steps[i].top_ids) for i in rejected], default=top_k)
+        top_ids = np.full((len(rejected), k), -1, dtype=np.int32)
+        top_probs = np.zeros((len(rejected), k), dtype=np.float32)
+        for row, i in enumerate(rejected):
+            m = len(steps[i].top_ids)
+            top_ids[row, :m] = steps[i].top_ids
+            top_probs[row, :m] = steps[i].top_probs
+        return cls(
+            positions=np.array([s.position for s in steps], dtype=np.int32),
+            n_accepted=np.array([s.n_accepted for s in steps], dtype=np.int32),
+            target_tokens=np.array([s.target_token for s in steps], dtype=np.int32),
+            draft_offsets=offsets,
+            draft_tokens=np.array([t for s in steps for t in s.draft_tokens], dtype=np.int32),
+            reject_steps=np.array(rejected, dtype=np.int32),
+            reject_positions=np.array([steps[i].position + steps[i].n_accepted for i in rejected], dtype=np.int32),
+            top_ids=top_ids,
+            top_probs=top_probs,
+        )
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    text: str
+    tokens: list[int]
+    prompt_tokens: list[int]
+    finish_reason: str  # "stop" (EOG or stop string) | "length" | "cancelled"
+    method: str
+    stats: GenerationStats
+    trace: Trace = field(repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready summary (the trace is left out)."""
+        return {
+            "text": self.text,
+            "tokens": list(self.tokens),
+            "finish_reason": self.finish_reason,
+            "method": self.method,
+            "stats": self.stats.to_dict(),
+        }

@@ -1,0 +1,44 @@
+"""Shared fixtures: tiny random-weight GGUF models built at test time (deterministic)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pyspec._models.tiny import build_tiny_model
+
+TARGET_SEED = 0
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("tiny_models")
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tiny_dir: Path) -> str:
+    return str(build_tiny_model(tiny_dir / "target.gguf", seed=TARGET_SEED))
+
+
+@pytest.fixture(scope="session")
+def tiny_drafts(tiny_dir: Path, tiny_target: str) -> dict[str, str]:
+    """Three drafts over the target's vocabulary: identical, independent, perturbed copy."""
+    return {
+        "identical": tiny_target,
+        "independent": str(build_tiny_model(tiny_dir / "independent.gguf", seed=TARGET_SEED + 10)),
+        "perturbed": str(
+            build_tiny_model(tiny_dir / "perturbed.gguf", seed=TARGET_SEED + 100, base_seed=TARGET_SEED, perturb=0.1)
+        ),
+    }
+
+
+@pytest.fixture(scope="session")
+def engines(tiny_target: str, tiny_drafts: dict[str, str]):
+    """One engine per draft kind, shared by the session (loading is the slow part)."""
+    import pyspec
+
+    made = {kind: pyspec.Engine(tiny_target, draft=path, n_ctx=1024, n_threads=2) for kind, path in tiny_drafts.items()}
+    yield made
+    for engine in made.values():
+        engine.close()

@@ -1,0 +1,125 @@
+"""Bad input gets a clear Python exception naming what is wrong, never a crash."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import pyspec
+from pyspec._models.tiny import build_tiny_model
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="nope.gguf"):
+        pyspec.Engine(str(tmp_path / "nope.gguf"))
+
+
+def test_not_gguf(tmp_path: Path) -> None:
+    bad = tmp_path / "notes.gguf"
+    bad.write_text("hello, not a model")
+    with pytest.raises(pyspec.ModelLoadError, match="not a GGUF file"):
+        pyspec.Engine(str(bad))
+
+
+def test_truncated_gguf(tmp_path: Path, tiny_target: str) -> None:
+    data = Path(tiny_target).read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(pyspec.ModelLoadError, match="could not load model"):
+        pyspec.Engine(str(cut))
+
+
+def test_vocab_mismatch_names_difference(tmp_path: Path, tiny_target: str) -> None:
+    other = build_tiny_model(tmp_path / "other_vocab.gguf", seed=0, n_merges=150)
+    with pytest.raises(pyspec.VocabMismatchError, match="vocabulary sizes differ"):
+        pyspec.Engine(tiny_target, draft=str(other))
+
+
+def test_vocab_mismatch_same_size_names_first_token(tmp_path: Path, tiny_target: str) -> None:
+    """Same size, one token text changed: the error names the token id."""
+    import gguf
+    import numpy as np
+
+    reader = gguf.GGUFReader(tiny_target)
+    field = reader.fields["tokenizer.ggml.tokens"]
+    # Rewrite token 300's text in place (same length keeps the file layout valid).
+    part = field.parts[field.data[300]]
+    assert part.dtype == np.uint8 and len(part) >= 2
+    data = bytearray(Path(tiny_target).read_bytes())
+    offset = part.ctypes.data - reader.data.ctypes.data
+    original = bytes(data[offset : offset + len(part)])
+    data[offset : offset + len(part)] = b"Z" * len(part)
+    assert bytes(data[offset : offset + len(part)]) != original
+    changed = tmp_path / "changed.gguf"
+    changed.write_bytes(bytes(data))
+    with pytest.raises(pyspec.VocabMismatchError, match="token 300 differs"):
+        pyspec.Engine(tiny_target, draft=str(changed))
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(temperature=-1.0), "temperature"),
+        (dict(temperature=1.0, top_p=0.0), "top_p"),
+        (dict(temperature=1.0, top_p=1.5), "top_p"),
+        (dict(temperature=1.0, min_p=1.5), "min_p"),
+        (dict(top_k=-2), "top_k"),
+        (dict(method="chain", n_draft=0), "n_draft"),
+        (dict(method="chain", n_draft=100000), "n_draft"),
+        (dict(max_tokens=-1), "max_tokens"),
+        (dict(method="warp"), "unknown method"),
+        (dict(stop=[""]), "stop"),
+    ],
+)
+def test_invalid_generation_arguments(engines, kwargs: dict, match: str) -> None:
+    with pytest.raises(pyspec.InvalidArgumentError, match=match):
+        engines["identical"].generate("hello", **kwargs)
+
+
+def test_chain_without_draft(tiny_target: str) -> None:
+    with pyspec.Engine(tiny_target, n_ctx=256) as engine:
+        with pytest.raises(pyspec.InvalidArgumentError, match="needs a draft model"):
+            engine.generate("hello", method="chain")
+        assert engine.generate("hello", max_tokens=3).finish_reason == "length"  # default: none
+
+
+def test_empty_prompt(engines) -> None:
+    with pytest.raises(pyspec.InvalidArgumentError, match="empty"):
+        engines["identical"].generate("")
+
+
+def test_prompt_longer_than_context(tiny_target: str) -> None:
+    with pyspec.Engine(tiny_target, draft=tiny_target, n_ctx=64) as engine:
+        with pytest.raises(pyspec.ContextOverflowError, match="context window"):
+            engine.generate("word " * 600)
+        # The engine is still usable afterwards.
+        assert len(engine.generate("hi", max_tokens=4).tokens) == 4
+
+
+def test_generation_reaching_the_window_ends_with_length(tiny_target: str) -> None:
+    with pyspec.Engine(tiny_target, draft=tiny_target, n_ctx=64) as engine:
+        prompt = engine.tokenize("def f():")
+        r = engine.generate(prompt, max_tokens=1000, method="chain", n_draft=8)
+        assert r.finish_reason == "length"
+        # llama.cpp rounds n_ctx up (to 256). A full window of n_ctx tokens still predicts one more.
+        assert len(prompt) + len(r.tokens) == engine.n_ctx + 1
+        plain = engine.generate(prompt, max_tokens=1000, method="none")
+        assert plain.tokens == r.tokens
+
+
+def test_use_after_close(tiny_target: str) -> None:
+    engine = pyspec.Engine(tiny_target, n_ctx=128)
+    engine.close()
+    assert engine.closed
+    with pytest.raises(pyspec.EngineClosedError):
+        engine.generate("hello")
+    with pytest.raises(pyspec.EngineClosedError):
+        engine.tokenize("hello")
+
+
+def test_bad_prompt_type(engines) -> None:
+    with pytest.raises(TypeError):
+        engines["identical"].generate(3.5)  # type: ignore[arg-type]
+    with pytest.raises(pyspec.InvalidArgumentError, match="outside the vocabulary"):
+        engines["identical"].generate([1, 2, 10**7])

@@ -1,0 +1,145 @@
+"""Sampling exactness: verification reproduces the target distribution (chi-square tests).
+
+Two layers: the pure verify function on hand-made p/q rows, and the whole decoder at
+temperature 1 against target probabilities computed from plain evaluation. Seeds are fixed, so
+each test is deterministic; the significance level (1e-3) bounds how often a correct
+implementation would fail for an unlucky seed choice.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from pyspec import _core
+
+ALPHA = 1e-3
+
+
+def chi_square_pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
+    """Pearson chi-square p-value of observed counts against expected probabilities.
+
+    Cells with expected count < 5 are pooled into one cell so the approximation holds. Any
+    sample on a zero-probability outcome gives p = 0.
+    """
+    n = counts.sum()
+    expected = probs * n
+    small = expected < 5
+    obs = np.append(counts[~small], counts[small].sum())
+    exp = np.append(expected[~small], expected[small].sum())
+    keep = exp > 0
+    if np.any(obs[~keep] > 0):
+        return 0.0
+    return float(sps.chisquare(obs[keep], exp[keep]).pvalue)
+
+
+def run_verify(p: np.ndarray, q: np.ndarray, n_trials: int, seed: int) -> np.ndarray:
+    """Outputs of verify_chain_rejection with drafts sampled from q; returns [n_trials, n_draft+1]."""
+    n_draft = q.shape[0]
+    rng = _core.Rng(seed)
+    draw = np.random.default_rng(seed)
+    outs = np.full((n_trials, n_draft + 1), -1, dtype=np.int64)
+    for t in range(n_trials):
+        draft = [int(draw.choice(q.shape[1], p=q[i])) for i in range(n_draft)]
+        v = _core.verify_chain_rejection(draft, p.astype(np.float32), q.astype(np.float32), rng)
+        produced = draft[: v.n_accepted] + [v.next_token]
+        outs[t, : len(produced)] = produced
+    return outs
+
+
+CASES = {
+    "overlapping": (np.array([0.5, 0.2, 0.2, 0.1, 0.0]), np.array([0.1, 0.4, 0.1, 0.2, 0.2])),
+    "q_on_p_zeros": (np.array([0.0, 0.0, 0.6, 0.4, 0.0]), np.array([0.3, 0.3, 0.1, 0.1, 0.2])),
+    "equal": (np.array([0.25, 0.25, 0.3, 0.1, 0.1]), np.array([0.25, 0.25, 0.3, 0.1, 0.1])),
+    "one_hot_q": (np.array([0.3, 0.3, 0.2, 0.1, 0.1]), np.array([0.0, 0.0, 1.0, 0.0, 0.0])),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_single_draft_token_distribution(case: str) -> None:
+    p, q = CASES[case]
+    outs = run_verify(np.stack([p, p]), q[None, :], n_trials=20000, seed=1)
+    counts = np.bincount(outs[:, 0], minlength=5)
+    assert chi_square_pvalue(counts, p) > ALPHA
+    if case == "equal":
+        assert np.all(outs[:, 1] >= 0), "identical p and q must accept every draft token"
+
+
+def test_two_step_joint_distribution() -> None:
+    """First two output tokens when the draft proposes two tokens with different p rows."""
+    p0 = np.array([0.4, 0.3, 0.2, 0.1])
+    p1 = np.array([0.1, 0.1, 0.2, 0.6])
+    q0 = np.array([0.25, 0.25, 0.25, 0.25])
+    q1 = np.array([0.7, 0.1, 0.1, 0.1])
+    # Row 1 of p applies when the first token was accepted; the test draws p1 regardless of the
+    # first token, so the joint target distribution is p0 x p1.
+    outs = run_verify(np.stack([p0, p1, p1]), np.stack([q0, q1]), n_trials=20000, seed=2)
+    first = outs[:, 0]
+    assert chi_square_pvalue(np.bincount(first, minlength=4), p0) > ALPHA
+    # Second token exists only when the first draft token was accepted; given acceptance of
+    # token x the second token must follow p1.
+    second = outs[:, 1][outs[:, 1] >= 0]
+    assert chi_square_pvalue(np.bincount(second, minlength=4), p1) > ALPHA
+
+
+def test_wrong_residual_would_be_detected() -> None:
+    """The chi-square check has power: sampling the draft's q directly is rejected."""
+    p, q = CASES["overlapping"]
+    draw = np.random.default_rng(0)
+    naive = draw.choice(5, size=20000, p=q)
+    assert chi_square_pvalue(np.bincount(naive, minlength=5), p) < ALPHA
+
+
+def test_seeded_verification_is_deterministic() -> None:
+    p, q = CASES["overlapping"]
+    a = run_verify(np.stack([p, p]), q[None, :], n_trials=200, seed=7)
+    b = run_verify(np.stack([p, p]), q[None, :], n_trials=200, seed=7)
+    assert np.array_equal(a, b)
+
+
+# -- whole decoder -------------------------------------------------------------------------------
+
+
+def target_probs(engine, tokens: list[int], **sampling) -> np.ndarray:
+    params = _core.SamplingParams()
+    for k, v in sampling.items():
+        setattr(params, k, v)
+    logits = engine.evaluate(tokens)[0]
+    return np.asarray(_core.compute_probs(np.ascontiguousarray(logits, dtype=np.float32), params), dtype=np.float64)
+
+
+@pytest.mark.parametrize("kind,method", [("perturbed", "chain"), ("independent", "chain"), ("perturbed", "none")])
+def test_decoder_samples_target_distribution(engines, kind: str, method: str) -> None:
+    """Joint distribution of the first two generated tokens at temperature 1, top_k 6."""
+    engine = engines[kind]
+    sampling = dict(temperature=1.0, top_k=6)
+    prompt = engine.tokenize("def hello():\n    return")
+    p1 = target_probs(engine, prompt, **sampling)
+    support = np.flatnonzero(p1)
+    joint = {}
+    for a in support:
+        p2 = target_probs(engine, prompt + [int(a)], **sampling)
+        for b in np.flatnonzero(p2):
+            joint[(int(a), int(b))] = p1[a] * p2[b]
+    cells = sorted(joint)
+    index = {c: i for i, c in enumerate(cells)}
+    counts = np.zeros(len(cells) + 1)
+    n_runs = 1500
+    for seed in range(n_runs):
+        r = engine.generate(prompt, max_tokens=3, method=method, n_draft=3, seed=seed, **sampling)
+        counts[index.get((r.tokens[0], r.tokens[1]), len(cells))] += 1
+    assert counts[-1] == 0, "generated a pair the target gives probability 0"
+    expected = np.array([joint[c] for c in cells])
+    assert chi_square_pvalue(counts[:-1], expected / expected.sum()) > ALPHA
+
+
+def test_seeded_generation_is_deterministic(engines) -> None:
+    engine = engines["perturbed"]
+    a = engine.generate("The quick", max_tokens=30, temperature=0.9, top_p=0.9, seed=123)
+    b = engine.generate("The quick", max_tokens=30, temperature=0.9, top_p=0.9, seed=123)
+    c = engine.generate("The quick", max_tokens=30, temperature=0.9, top_p=0.9, seed=124)
+    assert a.tokens == b.tokens
+    assert a.tokens != c.tokens
