@@ -1,0 +1,59 @@
+"""The command line: `pyspec generate` (JSON and streaming) and error reporting."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from pyspec.demo import DemoRun, format_table
+
+STATS_KEYS = {"acceptance_rate", "tokens_per_target_call", "tokens_per_second", "n_target_calls", "n_drafted", "n_accepted"}
+
+
+def pyspec_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", "import sys; from pyspec.cli import main; sys.exit(main())", *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_generate_json(tiny_target: str, tiny_drafts: dict[str, str]) -> None:
+    out = {}
+    for method in ("none", "chain"):
+        p = pyspec_cli("generate", "--target", tiny_target, "--draft", tiny_drafts["perturbed"], "--prompt", "def f():",
+                       "--max-tokens", "24", "--method", method, "--n-draft", "3", "--json")
+        assert p.returncode == 0, p.stderr
+        out[method] = json.loads(p.stdout)
+        assert set(out[method]) >= {"text", "tokens", "finish_reason", "stats"}
+        assert STATS_KEYS <= set(out[method]["stats"])
+        assert out[method]["finish_reason"] == "length"
+    assert out["chain"]["tokens"] == out["none"]["tokens"]
+    assert out["chain"]["stats"]["n_drafted"] > 0
+
+
+def test_generate_streams_text_and_prompt_file(tiny_target: str, tmp_path: Path) -> None:
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("hello world", encoding="utf-8")
+    p = pyspec_cli("generate", "--target", tiny_target, "--prompt-file", str(prompt), "--max-tokens", "10", "--chat")
+    assert p.returncode == 0, p.stderr
+    assert "[none] 10 tokens" in p.stderr
+    j = pyspec_cli("generate", "--target", tiny_target, "--prompt-file", str(prompt), "--max-tokens", "10", "--chat", "--json")
+    assert p.stdout.rstrip("\n") == json.loads(j.stdout)["text"]
+
+
+def test_generate_errors_are_one_line(tiny_target: str, tmp_path: Path) -> None:
+    p = pyspec_cli("generate", "--target", str(tmp_path / "missing.gguf"), "--prompt", "x")
+    assert p.returncode == 1
+    assert "pyspec: error:" in p.stderr and "missing.gguf" in p.stderr
+    assert "Traceback" not in p.stderr
+    p = pyspec_cli("generate", "--target", tiny_target, "--prompt", "x", "--temperature", "-2")
+    assert p.returncode == 1 and "temperature" in p.stderr
+
+
+def test_demo_table_marks_divergence() -> None:
+    plain = DemoRun("none", [1, 2, 3], "abc", 10.0, 0.0, 1.0)
+    good = DemoRun("chain", [1, 2, 3], "abc", 15.0, 0.8, 2.5)
+    bad = DemoRun("lookup", [1, 2, 4], "abd", 20.0, 0.5, 1.5)
+    table = format_table([plain, good, bad])
+    assert "| chain | 3 | 15.0 | 1.50x | 0.80 | 2.50 | yes |" in table
+    assert "| lookup | 3 | 20.0 | 2.00x | 0.50 | 1.50 | NO |" in table
