@@ -70,7 +70,7 @@ NB_MODULE(_core, m) {
         .def_rw("top_p", &spec::SamplingParams::top_p)
         .def_rw("min_p", &spec::SamplingParams::min_p);
 
-    m.def("validate_sampling", &spec::validate, "params"_a);
+    m.def("validate_sampling", nb::overload_cast<const spec::SamplingParams&>(&spec::validate), "params"_a);
     m.def("compute_probs", [](ConstFloatArray logits, const spec::SamplingParams& params) {
         std::vector<float> probs;
         std::vector<int32_t> scratch;
@@ -97,6 +97,11 @@ NB_MODULE(_core, m) {
                                             int32_t(target_probs.shape(1)), rng, residual);
     }, "draft_tokens"_a, "target_probs"_a, "draft_probs"_a, "rng"_a);
 
+    nb::class_<spec::LookupParams>(m, "LookupParams")
+        .def(nb::init<>())
+        .def_rw("ngram_max", &spec::LookupParams::ngram_max)
+        .def_rw("ngram_min", &spec::LookupParams::ngram_min);
+
     nb::class_<spec::GenerateParams>(m, "GenerateParams")
         .def(nb::init<>())
         .def_rw("max_tokens", &spec::GenerateParams::max_tokens)
@@ -104,6 +109,7 @@ NB_MODULE(_core, m) {
         .def_rw("stop", &spec::GenerateParams::stop)
         .def_rw("method", &spec::GenerateParams::method)
         .def_rw("n_draft", &spec::GenerateParams::n_draft)
+        .def_rw("lookup", &spec::GenerateParams::lookup)
         .def_rw("trace_top_k", &spec::GenerateParams::trace_top_k)
         .def_rw("seed", &spec::GenerateParams::seed);
 

@@ -44,6 +44,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         kwargs = dict(
             max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
             min_p=args.min_p, stop=args.stop, method=args.method, n_draft=args.n_draft, seed=args.seed,
+            lookup_ngram_max=args.lookup_ngram_max, lookup_ngram_min=args.lookup_ngram_min,
         )
         if args.json:
             result = engine.generate(prompt, **kwargs)
@@ -78,8 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--prompt-file", help="file with the prompt text ('-' for stdin)")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
-    gen.add_argument("--method", choices=["none", "chain"], default=None,
-                     help="decoding method (default: chain with a draft, else none)")
+    gen.add_argument("--method", choices=["none", "chain", "lookup"], default=None,
+                     help="decoding method: chain (draft model), lookup (prompt lookup, no draft model) or "
+                          "none (default: chain with a draft, else none)")
+    gen.add_argument("--lookup-ngram-max", type=int, default=3,
+                     help="lookup: longest n-gram matched against earlier text (default 3)")
+    gen.add_argument("--lookup-ngram-min", type=int, default=1,
+                     help="lookup: shortest n-gram tried before proposing nothing (default 1)")
     gen.add_argument("--json", action="store_true", help="print one JSON object with text, tokens, finish_reason, stats")
     _add_generation_args(gen)
     gen.set_defaults(handler=_cmd_generate)

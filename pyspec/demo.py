@@ -23,6 +23,10 @@ class DemoRun:
     tokens_per_target_call: float
 
 
+# Draft lengths that measured best on the 2-core development machine (benchmarks/compare_methods.py).
+BEST_N_DRAFT = {"chain": 4, "lookup": 8}
+
+
 def default_methods() -> list[str]:
     from .engine import METHODS
 
@@ -36,12 +40,13 @@ def run_demo(
     methods: Sequence[str] | None = None,
     prompt_index: int = 0,
     max_tokens: int = 128,
-    n_draft: int = 4,
+    n_draft: int | None = None,
     n_threads: int | None = None,
     out: Any = sys.stdout,
 ) -> list[DemoRun]:
     """Runs plain decoding and each speculative method on one HumanEval prompt; prints the
-    completion of the fastest method and a table. Returns the runs, plain decoding first."""
+    completion of the fastest method and a table. Returns the runs, plain decoding first.
+    n_draft: draft length for every method (default: BEST_N_DRAFT per method)."""
     from .data import load_suite
     from .engine import Engine
     from .models import resolve_model
@@ -57,7 +62,8 @@ def run_demo(
     with Engine(target_path, draft=draft_path, n_threads=n_threads) as engine:
         engine.generate(prompt.messages, max_tokens=8, method="none")  # warm-up: page the weights in
         for m in ["none", *methods]:
-            r = engine.generate(prompt.messages, max_tokens=max_tokens, method=m, n_draft=n_draft)
+            k = n_draft if n_draft is not None else BEST_N_DRAFT.get(m, 4)
+            r = engine.generate(prompt.messages, max_tokens=max_tokens, method=m, n_draft=k)
             s = r.stats
             runs.append(DemoRun(m, r.tokens, r.text, s.tokens_per_second, s.acceptance_rate, s.tokens_per_target_call))
             print(f"  {m}: {s.tokens_per_second:.1f} tokens/s", file=out, flush=True)
@@ -102,6 +108,6 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--methods", default=None, help="comma-separated speculative methods (default: all available)")
     p.add_argument("--prompt-index", type=int, default=0, help="HumanEval prompt to use (default 0)")
     p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--n-draft", type=int, default=4)
+    p.add_argument("--n-draft", type=int, default=None, help="draft length (default: chain 4, lookup 8)")
     p.add_argument("--threads", type=int, default=None)
     p.set_defaults(handler=_cmd_demo)

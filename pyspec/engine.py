@@ -19,7 +19,7 @@ llama_log = logging.getLogger("pyspec.llama")
 
 _LLAMA_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
 
-METHODS = ("none", "chain")
+METHODS = ("none", "chain", "lookup")
 
 Message = dict[str, str]
 Prompt = Union[str, Sequence[int], Sequence[Message]]
@@ -167,6 +167,8 @@ class Engine:
         n_draft: int,
         seed: int | None,
         trace_top_k: int,
+        lookup_ngram_max: int = 3,
+        lookup_ngram_min: int = 1,
     ) -> Any:
         params = _core.GenerateParams()
         params.max_tokens = max_tokens
@@ -177,6 +179,8 @@ class Engine:
         params.stop = [stop] if isinstance(stop, str) else list(stop or [])
         params.method = method if method is not None else ("chain" if self.has_draft else "none")
         params.n_draft = n_draft
+        params.lookup.ngram_max = lookup_ngram_max
+        params.lookup.ngram_min = lookup_ngram_min
         params.seed = seed
         params.trace_top_k = trace_top_k
         return params
@@ -195,16 +199,23 @@ class Engine:
         n_draft: int = 4,
         seed: int | None = None,
         trace_top_k: int = 32,
+        lookup_ngram_max: int = 3,
+        lookup_ngram_min: int = 1,
     ) -> GenerationResult:
         """Generates a completion; the output is exactly the target model's.
 
-        temperature 0 is greedy decoding (token-identical to method="none"); above 0 the tokens
+        temperature 0 is greedy decoding (token-identical to method="none", except where
+        batched and one-token logits of the backend flip a near-tie; see README); above 0 the tokens
         follow the target's sampling distribution after top_k / top_p / min_p. method: "chain"
-        (draft model, the default when a draft is loaded) or "none" (plain decoding).
+        (draft model, the default when a draft is loaded), "lookup" (prompt lookup: no draft
+        model; proposes up to n_draft tokens that followed an earlier occurrence of the last
+        lookup_ngram_max .. lookup_ngram_min tokens in the prompt or the output, longest match
+        first, then the most recent) or "none" (plain decoding).
         """
         params = self._params(
             max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
             stop=stop, method=method, n_draft=n_draft, seed=seed, trace_top_k=trace_top_k,
+            lookup_ngram_max=lookup_ngram_max, lookup_ngram_min=lookup_ngram_min,
         )
         return self._run(self.prompt_tokens(prompt), params, None)
 
@@ -236,7 +247,7 @@ class Engine:
 
 _GENERATE_DEFAULTS: dict[str, Any] = dict(
     max_tokens=256, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, stop=None, method=None,
-    n_draft=4, seed=None, trace_top_k=32,
+    n_draft=4, seed=None, trace_top_k=32, lookup_ngram_max=3, lookup_ngram_min=1,
 )
 
 _DONE = object()

@@ -111,12 +111,22 @@ def target_probs(engine, tokens: list[int], **sampling) -> np.ndarray:
     return np.asarray(_core.compute_probs(np.ascontiguousarray(logits, dtype=np.float32), params), dtype=np.float64)
 
 
-@pytest.mark.parametrize("kind,method", [("perturbed", "chain"), ("independent", "chain"), ("perturbed", "none")])
+def lookup_prompt(engine) -> list[int]:
+    """A prompt that ends inside a loop of the target's own greedy output: prompt lookup then
+    proposes, from the first step on, tokens the target gives high probability (about 0.7 and 0.2
+    for the first two), so both acceptance and rejection of deterministic drafts occur."""
+    base = engine.tokenize("def hello():\n    return")
+    return base + engine.generate(base, max_tokens=48, method="none").tokens
+
+
+@pytest.mark.parametrize(
+    "kind,method", [("perturbed", "chain"), ("independent", "chain"), ("perturbed", "none"), ("perturbed", "lookup")]
+)
 def test_decoder_samples_target_distribution(engines, kind: str, method: str) -> None:
     """Joint distribution of the first two generated tokens at temperature 1, top_k 6."""
     engine = engines[kind]
     sampling = dict(temperature=1.0, top_k=6)
-    prompt = engine.tokenize("def hello():\n    return")
+    prompt = lookup_prompt(engine) if method == "lookup" else engine.tokenize("def hello():\n    return")
     p1 = target_probs(engine, prompt, **sampling)
     support = np.flatnonzero(p1)
     joint = {}
@@ -128,10 +138,17 @@ def test_decoder_samples_target_distribution(engines, kind: str, method: str) ->
     index = {c: i for i, c in enumerate(cells)}
     counts = np.zeros(len(cells) + 1)
     n_runs = 1500
+    n_first_drafted = n_accepted = 0
     for seed in range(n_runs):
         r = engine.generate(prompt, max_tokens=3, method=method, n_draft=3, seed=seed, **sampling)
         counts[index.get((r.tokens[0], r.tokens[1]), len(cells))] += 1
+        n_first_drafted += len(r.trace.drafted(0))
+        n_accepted += r.stats.n_accepted
     assert counts[-1] == 0, "generated a pair the target gives probability 0"
+    if method == "lookup":
+        # Every run drafted both tested tokens at step one, and some drafts were accepted.
+        assert n_first_drafted == 2 * n_runs
+        assert n_accepted > 0
     expected = np.array([joint[c] for c in cells])
     assert chi_square_pvalue(counts[:-1], expected / expected.sum()) > ALPHA
 

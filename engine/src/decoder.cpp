@@ -132,6 +132,7 @@ Engine::Engine(const std::string& target_path, const std::string& draft_path, co
         check_vocab_compatible(*target_, *draft_);
         chain_drafter_ = make_model_chain_drafter(*draft_);
     }
+    lookup_drafter_ = make_prompt_lookup_drafter(lookup_params_);
 }
 
 Engine::~Engine() = default;
@@ -179,17 +180,31 @@ std::vector<float> Engine::evaluate(const std::vector<int32_t>& tokens, bool use
 
 void Engine::close() {
     chain_drafter_.reset();
+    lookup_drafter_.reset();
     draft_.reset();
     target_.reset();
 }
 
-Drafter* Engine::drafter_for(const std::string& method) {
+Drafter* Engine::drafter_for(const GenerateParams& params) {
+    const std::string& method = params.method;
     if (method == "none") return nullptr;
     if (method == "chain") {
-        if (!chain_drafter_) throw InvalidArgumentError("method 'chain' needs a draft model; load one or use method='none'");
+        if (!chain_drafter_) {
+            throw InvalidArgumentError("method 'chain' needs a draft model; load one or use method='none' or 'lookup'");
+        }
         return chain_drafter_.get();
     }
-    throw InvalidArgumentError("unknown method '" + method + "' (available: none, chain)");
+    if (method == "lookup") {
+        // Only its counters outlive a request (begin() rebuilds the index) and generate() reads
+        // counter differences, so other n-gram sizes just mean a new drafter.
+        const LookupParams& wanted = params.lookup;
+        if (wanted.ngram_max != lookup_params_.ngram_max || wanted.ngram_min != lookup_params_.ngram_min) {
+            lookup_drafter_ = make_prompt_lookup_drafter(wanted);
+            lookup_params_ = wanted;
+        }
+        return lookup_drafter_.get();
+    }
+    throw InvalidArgumentError("unknown method '" + method + "' (available: none, chain, lookup)");
 }
 
 void Engine::validate(const std::vector<int32_t>& prompt, const GenerateParams& params) const {
@@ -218,13 +233,14 @@ void Engine::validate(const std::vector<int32_t>& prompt, const GenerateParams& 
     for (const auto& s : params.stop) {
         if (s.empty()) throw InvalidArgumentError("stop strings must not be empty");
     }
+    if (params.method == "lookup") spec::validate(params.lookup);
 }
 
 GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const GenerateParams& params,
                                 const TextCallback& on_text) {
     check_open();
     validate(prompt, params);
-    Drafter* drafter = drafter_for(params.method);
+    Drafter* drafter = drafter_for(params);
     if (params.seed) rng_.reseed(*params.seed);
 
     const auto t_start = Clock::now();

@@ -21,8 +21,9 @@ struct GenerateParams {
     int32_t max_tokens = 256;
     SamplingParams sampling;
     std::vector<std::string> stop;
-    std::string method = "chain";  // "none" | "chain"
+    std::string method = "chain";  // "none" | "chain" | "lookup"
     int32_t n_draft = 4;           // longest chain proposed per step
+    LookupParams lookup;           // n-gram sizes of method "lookup"
     int32_t trace_top_k = 32;      // target top-k kept at each rejected position; 0: no trace
     std::optional<uint64_t> seed;  // reseed the engine's RNG for this request
 };
@@ -79,8 +80,8 @@ struct EngineParams {
 
 class Engine {
 public:
-    // draft_path empty: no draft model (only model-free methods). Throws on load errors and on a
-    // target/draft vocabulary mismatch, before any generation.
+    // draft_path empty: no draft model (only the model-free methods none and lookup). Throws on
+    // load errors and on a target/draft vocabulary mismatch, before any generation.
     Engine(const std::string& target_path, const std::string& draft_path, const EngineParams& params);
     ~Engine();
 
@@ -106,12 +107,14 @@ public:
 private:
     void check_open() const;
     void validate(const std::vector<int32_t>& prompt_tokens, const GenerateParams& params) const;
-    Drafter* drafter_for(const std::string& method);
+    Drafter* drafter_for(const GenerateParams& params);
 
     EngineParams params_;
     std::unique_ptr<Model> target_;
     std::unique_ptr<Model> draft_;
     std::unique_ptr<Drafter> chain_drafter_;
+    std::unique_ptr<Drafter> lookup_drafter_;  // built for lookup_params_, rebuilt when they change
+    LookupParams lookup_params_;
     Rng rng_;
 };
 

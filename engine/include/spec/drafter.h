@@ -55,4 +55,26 @@ public:
 // draft() call together with the first draft decode.
 std::unique_ptr<Drafter> make_model_chain_drafter(Model& draft_model);
 
+// Settings of the prompt-lookup drafter. Matches of ngram_max tokens are tried first, then
+// shorter ones down to ngram_min; 1 <= ngram_min <= ngram_max <= kLookupNgramLimit.
+struct LookupParams {
+    int32_t ngram_max = 3;  // longest suffix of the committed sequence searched for
+    int32_t ngram_min = 1;  // shortest suffix tried before giving up (no proposal)
+};
+constexpr int32_t kLookupNgramLimit = 16;
+
+// Prompt lookup decoding, no model: the last n committed tokens (n = ngram_max down to
+// ngram_min, longest first) are looked up among earlier positions of the committed sequence
+// (prompt + generated); the tokens that followed the most recent earlier occurrence are proposed,
+// up to n_draft_max. When the continuation reaches the end of the sequence it goes on through
+// the tokens just proposed, which repeats a periodic pattern. No match: an empty draft. The
+// proposal is deterministic (Draft.probs stays empty). An n-gram index (hash of n tokens ->
+// latest position) grows with the sequence: a step costs O(ngram_max) hash operations per new
+// committed token plus O(ngram_max + n_draft_max), never a scan of the sequence.
+// Throws InvalidArgumentError when params are outside the range above.
+std::unique_ptr<Drafter> make_prompt_lookup_drafter(const LookupParams& params);
+
+// Throws InvalidArgumentError naming the values when params are outside the range above.
+void validate(const LookupParams& params);
+
 }  // namespace spec

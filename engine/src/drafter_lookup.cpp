@@ -1,0 +1,139 @@
+// Prompt lookup decoding: propose what followed the most recent earlier occurrence of the
+// committed sequence's last n tokens. No model; an n-gram index grows with the sequence, so a
+// draft costs a few hash lookups instead of a scan of the whole sequence.
+#include <algorithm>
+#include <cstddef>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "spec/drafter.h"
+#include "spec/error.h"
+
+namespace spec {
+namespace {
+
+constexpr uint64_t kHashSeed = 0x2545f4914f6cdd1dULL;
+
+// splitmix64's finaliser over (h ^ token): n-gram hashes are built from the last token
+// backwards, so one pass gives the hashes of every length ending at one position.
+uint64_t hash_step(uint64_t h, int32_t token) {
+    uint64_t z = (h ^ uint64_t(uint32_t(token))) + 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+class PromptLookupDrafter final : public Drafter {
+public:
+    explicit PromptLookupDrafter(const LookupParams& params)
+        : params_(params), index_(size_t(params.ngram_max - params.ngram_min + 1)) {}
+
+    std::string name() const override { return "prompt-lookup"; }
+
+    void begin(const std::vector<int32_t>& prompt) override {
+        reset();
+        for (auto& by_hash : index_) by_hash.reserve(prompt.size());
+        extend(prompt);
+    }
+
+    void draft(const DraftRequest& request, Draft& out) override {
+        out.tokens.clear();
+        out.probs.clear();  // deterministic proposal: verification treats q as one-hot
+        ++stats_.n_draft_calls;
+        extend(*request.tokens);
+        const int32_t start = find_continuation();
+        if (start < 0) return;
+        // Past the end of the sequence the continuation reads the tokens proposed so far, as if
+        // they were committed: a pattern of period n_tokens - start repeats.
+        const int32_t n_tokens = int32_t(tokens_.size());
+        for (int32_t i = 0; i < request.n_draft_max; ++i) {
+            const int32_t pos = start + i;
+            out.tokens.push_back(pos < n_tokens ? tokens_[size_t(pos)] : out.tokens[size_t(pos - n_tokens)]);
+        }
+        stats_.n_proposed += int64_t(out.tokens.size());
+    }
+
+    void accept(const std::vector<int32_t>& committed, int32_t n_accepted) override {
+        stats_.n_accepted += n_accepted;
+        extend(committed);
+    }
+
+    DrafterStats stats() const override { return stats_; }
+
+private:
+    void reset() {
+        tokens_.clear();
+        n_indexed_ = 0;
+        for (auto& by_hash : index_) by_hash.clear();
+    }
+
+    // Appends the committed tokens not seen yet and indexes every n-gram that now has a
+    // following token. Within a request the committed sequence only grows; a shorter one means
+    // begin() was skipped, and the index is rebuilt.
+    void extend(const std::vector<int32_t>& committed) {
+        if (committed.size() < tokens_.size()) reset();
+        tokens_.insert(tokens_.end(), committed.begin() + std::ptrdiff_t(tokens_.size()), committed.end());
+        for (; n_indexed_ + 1 < int32_t(tokens_.size()); ++n_indexed_) index_ngrams_ending_at(n_indexed_);
+    }
+
+    // Records position last + 1 as the continuation of every n-gram ending at `last`. Positions
+    // are indexed in increasing order, so each entry ends up holding the most recent occurrence.
+    void index_ngrams_ending_at(int32_t last) {
+        uint64_t h = kHashSeed;
+        const int32_t n_max = std::min(params_.ngram_max, last + 1);
+        for (int32_t n = 1; n <= n_max; ++n) {
+            h = hash_step(h, tokens_[size_t(last - n + 1)]);
+            if (n >= params_.ngram_min) index_[size_t(n - params_.ngram_min)][h] = last + 1;
+        }
+    }
+
+    // Start of the tokens that followed the longest, then most recent, earlier occurrence of a
+    // suffix of the sequence (ngram_max down to ngram_min tokens); -1 when there is none. The
+    // index only holds n-grams with a following token, so the suffix never matches itself.
+    int32_t find_continuation() const {
+        const int32_t n_tokens = int32_t(tokens_.size());
+        const int32_t n_max = std::min(params_.ngram_max, n_tokens);
+        uint64_t suffix_hash[kLookupNgramLimit + 1] = {};  // [n] hash of the last n tokens
+        uint64_t h = kHashSeed;
+        for (int32_t n = 1; n <= n_max; ++n) {
+            h = hash_step(h, tokens_[size_t(n_tokens - n)]);
+            suffix_hash[n] = h;
+        }
+        for (int32_t n = n_max; n >= params_.ngram_min; --n) {
+            const auto& by_hash = index_[size_t(n - params_.ngram_min)];
+            const auto it = by_hash.find(suffix_hash[n]);
+            if (it == by_hash.end()) continue;
+            const int32_t start = it->second;
+            // A hash collision is possible in principle; only a real match counts.
+            if (std::equal(tokens_.end() - n, tokens_.end(), tokens_.begin() + (start - n))) return start;
+        }
+        return -1;
+    }
+
+    LookupParams params_;
+    std::vector<int32_t> tokens_;  // [n_tokens] the committed sequence seen so far
+    int32_t n_indexed_ = 0;        // n-grams ending at positions < n_indexed_ are in the index
+    // [ngram_max - ngram_min + 1] per n-gram length n (from ngram_min): hash of the n tokens ->
+    // position of the token that followed their most recent occurrence.
+    std::vector<std::unordered_map<uint64_t, int32_t>> index_;
+    DrafterStats stats_;
+};
+
+}  // namespace
+
+void validate(const LookupParams& params) {
+    if (params.ngram_min < 1 || params.ngram_min > params.ngram_max || params.ngram_max > kLookupNgramLimit) {
+        throw InvalidArgumentError("lookup n-gram sizes must satisfy 1 <= ngram_min <= ngram_max <= " +
+                                   std::to_string(kLookupNgramLimit) + ", got ngram_min=" +
+                                   std::to_string(params.ngram_min) +
+                                   ", ngram_max=" + std::to_string(params.ngram_max));
+    }
+}
+
+std::unique_ptr<Drafter> make_prompt_lookup_drafter(const LookupParams& params) {
+    validate(params);
+    return std::make_unique<PromptLookupDrafter>(params);
+}
+
+}  // namespace spec

@@ -1,0 +1,208 @@
+// Unit tests for the prompt-lookup drafter on hand-made token sequences: which match wins
+// (longest n-gram, then most recent), the continuation through the proposal for repeating
+// patterns, ngram_min, the incremental index against a naive scan, counters and validation.
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "spec/drafter.h"
+#include "spec/error.h"
+#include "spec/rng.h"
+#include "spec/sampling.h"
+
+namespace {
+
+int g_checks = 0;
+int g_failures = 0;
+
+#define CHECK(cond)                                                                  \
+    do {                                                                             \
+        ++g_checks;                                                                  \
+        if (!(cond)) {                                                               \
+            ++g_failures;                                                            \
+            std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+        }                                                                            \
+    } while (0)
+
+using Tokens = std::vector<int32_t>;
+
+// True when `call` throws InvalidArgumentError whose message contains `expected`.
+bool throws_invalid(const std::function<void()>& call, const std::string& expected) {
+    try {
+        call();
+    } catch (const spec::InvalidArgumentError& e) {
+        if (std::string(e.what()).find(expected) != std::string::npos) return true;
+        std::fprintf(stderr, "  message was: %s\n  expected to contain: %s\n", e.what(), expected.c_str());
+        return false;
+    }
+    return false;
+}
+
+std::unique_ptr<spec::Drafter> make_drafter(int32_t ngram_max, int32_t ngram_min) {
+    spec::LookupParams params;
+    params.ngram_max = ngram_max;
+    params.ngram_min = ngram_min;
+    return spec::make_prompt_lookup_drafter(params);
+}
+
+Tokens draft(spec::Drafter& drafter, const Tokens& committed, int32_t n_draft_max) {
+    spec::SamplingParams sampling;
+    spec::Rng rng(0);
+    spec::DraftRequest request{&committed, n_draft_max, &sampling, &rng};
+    spec::Draft out;
+    drafter.draft(request, out);
+    CHECK(out.probs.empty());  // deterministic proposals only
+    return out.tokens;
+}
+
+// The proposal for `committed` from a fresh drafter whose request starts with `committed`.
+Tokens lookup(const Tokens& committed, int32_t n_draft_max, int32_t ngram_max = 3, int32_t ngram_min = 1) {
+    auto drafter = make_drafter(ngram_max, ngram_min);
+    drafter->begin(committed);
+    return draft(*drafter, committed, n_draft_max);
+}
+
+// The specification, by brute force: scan earlier n-gram occurrences from the most recent, for
+// n from ngram_max down, and read the continuation through the proposal itself.
+Tokens naive_lookup(const Tokens& seq, int32_t n_draft_max, int32_t ngram_max, int32_t ngram_min) {
+    const int32_t n_tokens = int32_t(seq.size());
+    for (int32_t n = std::min(ngram_max, n_tokens); n >= ngram_min; --n) {
+        for (int32_t last = n_tokens - 2; last >= n - 1; --last) {
+            if (!std::equal(seq.end() - n, seq.end(), seq.begin() + (last - n + 1))) continue;
+            Tokens virtual_seq = seq;
+            Tokens out;
+            for (int32_t i = 0; i < n_draft_max; ++i) {
+                out.push_back(virtual_seq[size_t(last + 1 + i)]);
+                virtual_seq.push_back(out.back());
+            }
+            return out;
+        }
+    }
+    return {};
+}
+
+void test_no_match_proposes_nothing() {
+    CHECK(lookup({1, 2, 3, 4}, 4).empty());
+    CHECK(lookup({7}, 4).empty());
+    auto drafter = make_drafter(3, 1);
+    drafter->begin({1, 2, 3});
+    CHECK(draft(*drafter, {1, 2, 3}, 4).empty());
+    CHECK(drafter->stats().n_draft_calls == 1);
+    CHECK(drafter->stats().n_proposed == 0);
+}
+
+void test_proposes_what_followed() {
+    // Suffix [1 2] occurred at 0..1, followed by 3 9 and then the suffix itself.
+    CHECK((lookup({1, 2, 3, 9, 1, 2}, 4) == Tokens{3, 9, 1, 2}));
+    CHECK((lookup({1, 2, 3, 9, 1, 2}, 2) == Tokens{3, 9}));
+    CHECK(lookup({1, 2, 3, 9, 1, 2}, 0).empty());
+}
+
+void test_longest_match_wins_over_recent() {
+    // [1 2] -> 7 (long, older) against [2] -> 6 (short, more recent).
+    const Tokens seq = {5, 1, 2, 7, 8, 2, 6, 1, 2};
+    CHECK((lookup(seq, 1, 3) == Tokens{7}));
+    CHECK((lookup(seq, 1, 1) == Tokens{6}));
+}
+
+void test_most_recent_among_equal_lengths() {
+    // [1 2] occurred followed by 3 and, later, by 4: the later one wins. Its continuation reaches
+    // the end of the sequence and goes on through the proposal (period 3: 4 1 2).
+    CHECK((lookup({1, 2, 3, 1, 2, 4, 1, 2}, 5) == Tokens{4, 1, 2, 4, 1}));
+}
+
+void test_repeating_pattern_continues() {
+    CHECK((lookup({7, 7, 7}, 4) == Tokens{7, 7, 7, 7}));
+    CHECK((lookup({3, 1, 4, 3, 1}, 6) == Tokens{4, 3, 1, 4, 3, 1}));
+}
+
+void test_ngram_min() {
+    // Only a one-token match exists: [9] -> 5.
+    const Tokens seq = {9, 5, 1, 9};
+    CHECK((lookup(seq, 2, 3, 1) == Tokens{5, 1}));
+    CHECK(lookup(seq, 2, 3, 2).empty());
+    // ngram_min = ngram_max: only that length counts.
+    CHECK((lookup({1, 2, 3, 8, 2, 3}, 1, 2, 2) == Tokens{8}));
+    CHECK(lookup({1, 2, 3, 8, 4, 3}, 1, 2, 2).empty());
+}
+
+void test_incremental_index_matches_naive_scan() {
+    // A small vocabulary makes matches of every length frequent. The sequence grows the way the
+    // decoder grows it (a few tokens per step); every proposal must equal the brute-force one.
+    spec::Rng rng(42);
+    for (int32_t ngram_max : {1, 2, 3, 5}) {
+        for (int32_t ngram_min : {1, 2}) {
+            if (ngram_min > ngram_max) continue;
+            Tokens full(600);
+            for (auto& t : full) t = int32_t(rng.next_u64() % 4);
+            auto drafter = make_drafter(ngram_max, ngram_min);
+            Tokens committed(full.begin(), full.begin() + 20);
+            drafter->begin(committed);
+            int mismatches = 0, n_nonempty = 0;
+            while (committed.size() < full.size()) {
+                const int32_t n_draft_max = 1 + int32_t(rng.next_u64() % 8);
+                const Tokens got = draft(*drafter, committed, n_draft_max);
+                if (got != naive_lookup(committed, n_draft_max, ngram_max, ngram_min)) ++mismatches;
+                if (!got.empty()) ++n_nonempty;
+                const size_t n_new = std::min(full.size() - committed.size(), size_t(1 + rng.next_u64() % 5));
+                committed.insert(committed.end(), full.begin() + std::ptrdiff_t(committed.size()),
+                                 full.begin() + std::ptrdiff_t(committed.size() + n_new));
+                drafter->accept(committed, int32_t(n_new) - 1);
+            }
+            CHECK(mismatches == 0);
+            CHECK(n_nonempty > 100);
+        }
+    }
+}
+
+void test_begin_forgets_the_previous_request() {
+    auto drafter = make_drafter(3, 1);
+    drafter->begin({1, 2, 3, 4, 1, 2});
+    CHECK((draft(*drafter, {1, 2, 3, 4, 1, 2}, 2) == Tokens{3, 4}));
+    drafter->begin({5, 1, 2});
+    CHECK(draft(*drafter, {5, 1, 2}, 2).empty());
+}
+
+void test_counters() {
+    auto drafter = make_drafter(3, 1);
+    Tokens committed = {1, 2, 3, 1, 2};
+    drafter->begin(committed);
+    CHECK(draft(*drafter, committed, 3).size() == 3);  // 3 1 2
+    committed.insert(committed.end(), {3, 1, 5});      // two accepted, then the target's 5
+    drafter->accept(committed, 2);
+    CHECK(draft(*drafter, committed, 3).empty());      // [1 5], [5]: never seen before
+    drafter->accept(committed, 0);
+    const spec::DrafterStats s = drafter->stats();
+    CHECK(s.n_draft_calls == 2);
+    CHECK(s.n_proposed == 3);
+    CHECK(s.n_accepted == 2);
+    CHECK(s.n_model_decodes == 0);
+}
+
+void test_validation() {
+    CHECK(throws_invalid([] { make_drafter(3, 0); }, "ngram_min=0"));
+    CHECK(throws_invalid([] { make_drafter(2, 3); }, "1 <= ngram_min <= ngram_max <= 16"));
+    CHECK(throws_invalid([] { make_drafter(17, 1); }, "ngram_max=17"));
+    CHECK(make_drafter(16, 16) != nullptr);
+    CHECK(make_drafter(3, 1)->name() == "prompt-lookup");
+}
+
+}  // namespace
+
+int main() {
+    test_no_match_proposes_nothing();
+    test_proposes_what_followed();
+    test_longest_match_wins_over_recent();
+    test_most_recent_among_equal_lengths();
+    test_repeating_pattern_continues();
+    test_ngram_min();
+    test_incremental_index_matches_naive_scan();
+    test_begin_forgets_the_previous_request();
+    test_counters();
+    test_validation();
+    std::printf("%d checks, %d failed\n", g_checks, g_failures);
+    return g_failures == 0 ? 0 : 1;
+}
