@@ -85,12 +85,16 @@ class Engine:
         finally:
             _forward_llama_logs()
         self.n_threads = threads
+        # One generation at a time: the engine owns one KV cache per model. A second caller
+        # (another thread, or generate() while a stream() is running) waits its turn.
+        self._lock = threading.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Frees both models. Further calls raise EngineClosedError."""
-        self._core.close()
+        """Frees both models (after a running generation ends). Further calls raise EngineClosedError."""
+        with self._lock:
+            self._core.close()
 
     def __enter__(self) -> "Engine":
         return self
@@ -148,7 +152,8 @@ class Engine:
         Returns [n_tokens, n_vocab] float32 when all_rows, else [1, n_vocab] for the last token.
         """
         try:
-            return np.asarray(self._core.evaluate(list(tokens), draft, all_rows))
+            with self._lock:
+                return np.asarray(self._core.evaluate(list(tokens), draft, all_rows))
         finally:
             _forward_llama_logs()
 
@@ -231,7 +236,8 @@ class Engine:
 
     def _run(self, tokens: list[int], params: Any, on_text: Any) -> GenerationResult:
         try:
-            core_result = self._core.generate(tokens, params, on_text)
+            with self._lock:
+                core_result = self._core.generate(tokens, params, on_text)
         finally:
             _forward_llama_logs()
         return GenerationResult(

@@ -92,3 +92,23 @@ def test_engine_is_a_context_manager(tiny_target: str) -> None:
     with pyspec.Engine(tiny_target, n_ctx=128) as engine:
         assert not engine.closed
     assert engine.closed
+
+
+def test_concurrent_callers_are_serialised(engines) -> None:
+    """Two threads sharing one engine get the same outputs as sequential calls."""
+    import threading
+
+    engine = engines["perturbed"]
+    prompts = ["def a():", "The quick brown", "import os", "x = 1"]
+    expected = [engine.generate(p, max_tokens=24).tokens for p in prompts]
+    got: dict[int, list[int]] = {}
+
+    def work(i: int) -> None:
+        got[i] = engine.generate(prompts[i], max_tokens=24).tokens
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [got[i] for i in range(len(prompts))] == expected
