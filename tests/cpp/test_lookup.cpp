@@ -9,37 +9,14 @@
 #include <vector>
 
 #include "spec/drafter.h"
+#include "check.h"
 #include "spec/error.h"
 #include "spec/rng.h"
 #include "spec/sampling.h"
 
 namespace {
 
-int g_checks = 0;
-int g_failures = 0;
-
-#define CHECK(cond)                                                                  \
-    do {                                                                             \
-        ++g_checks;                                                                  \
-        if (!(cond)) {                                                               \
-            ++g_failures;                                                            \
-            std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-        }                                                                            \
-    } while (0)
-
 using Tokens = std::vector<int32_t>;
-
-// True when `call` throws InvalidArgumentError whose message contains `expected`.
-bool throws_invalid(const std::function<void()>& call, const std::string& expected) {
-    try {
-        call();
-    } catch (const spec::InvalidArgumentError& e) {
-        if (std::string(e.what()).find(expected) != std::string::npos) return true;
-        std::fprintf(stderr, "  message was: %s\n  expected to contain: %s\n", e.what(), expected.c_str());
-        return false;
-    }
-    return false;
-}
 
 std::unique_ptr<spec::Drafter> make_drafter(int32_t ngram_max, int32_t ngram_min) {
     spec::LookupParams params;

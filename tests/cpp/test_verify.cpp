@@ -11,50 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "check.h"
 #include "spec/error.h"
 #include "spec/rng.h"
 #include "spec/sampling.h"
 #include "spec/verify.h"
 
 namespace {
-
-int g_checks = 0;
-int g_failures = 0;
-
-#define CHECK(cond)                                                                  \
-    do {                                                                             \
-        ++g_checks;                                                                  \
-        if (!(cond)) {                                                               \
-            ++g_failures;                                                            \
-            std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-        }                                                                            \
-    } while (0)
-
-#define CHECK_NEAR(a, b, tol)                                                                  \
-    do {                                                                                       \
-        ++g_checks;                                                                            \
-        const double a_ = (a), b_ = (b);                                                       \
-        if (!(std::fabs(a_ - b_) <= (tol))) {                                                  \
-            ++g_failures;                                                                      \
-            std::fprintf(stderr, "%s:%d: CHECK_NEAR failed: %s = %.9g, %s = %.9g, tol %g\n", \
-                         __FILE__, __LINE__, #a, a_, #b, b_, double(tol));                     \
-        }                                                                                      \
-    } while (0)
-
-// True when `call` throws InvalidArgumentError whose message contains `expected`.
-bool throws_invalid(const std::function<void()>& call, const std::string& expected) {
-    try {
-        call();
-    } catch (const spec::InvalidArgumentError& e) {
-        if (std::string(e.what()).find(expected) != std::string::npos) {
-            return true;
-        }
-        std::fprintf(stderr, "  message was: %s\n  expected to contain: %s\n", e.what(),
-                     expected.c_str());
-        return false;
-    }
-    return false;
-}
 
 // Chi-square critical values at alpha = 1e-3, by degrees of freedom (standard tables; checked
 // against the regularised incomplete gamma function).
