@@ -13,8 +13,9 @@ STATS_KEYS = {"acceptance_rate", "tokens_per_target_call", "tokens_per_second", 
 
 
 def pyspec_cli(*args: str) -> subprocess.CompletedProcess:
+    # cwd: tests/, so that `python -c` imports the installed package, not the source tree beside it.
     return subprocess.run([sys.executable, "-c", "import sys; from pyspec.cli import main; sys.exit(main())", *args],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, cwd=Path(__file__).parent)
 
 
 def test_generate_json(tiny_target: str, tiny_drafts: dict[str, str]) -> None:
