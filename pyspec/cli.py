@@ -19,7 +19,7 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-p", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=None, help="seed for sampling")
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
-    p.add_argument("--n-draft", type=int, default=4, help="longest draft per step (default 4)")
+    p.add_argument("--n-draft", type=int, default=None, help="longest draft per step (default: chain 4, lookup 8)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--n-ctx", type=int, default=4096)
     p.add_argument("--n-gpu-layers", type=int, default=0, help="layers to offload (GPU builds only)")

@@ -23,10 +23,6 @@ class DemoRun:
     tokens_per_target_call: float
 
 
-# Draft lengths that measured best on the 2-core development machine (benchmarks/compare_methods.py).
-BEST_N_DRAFT = {"chain": 4, "lookup": 8}
-
-
 def default_methods() -> list[str]:
     from .engine import METHODS
 
@@ -46,7 +42,7 @@ def run_demo(
 ) -> list[DemoRun]:
     """Runs plain decoding and each speculative method on one HumanEval prompt; prints the
     completion of the fastest method and a table. Returns the runs, plain decoding first.
-    n_draft: draft length for every method (default: BEST_N_DRAFT per method)."""
+    n_draft: draft length for every method (default: the engine's per-method default)."""
     from .data import load_suite
     from .engine import Engine
     from .models import resolve_model
@@ -62,8 +58,7 @@ def run_demo(
     with Engine(target_path, draft=draft_path, n_threads=n_threads) as engine:
         engine.generate(prompt.messages, max_tokens=8, method="none")  # warm-up: page the weights in
         for m in ["none", *methods]:
-            k = n_draft if n_draft is not None else BEST_N_DRAFT.get(m, 4)
-            r = engine.generate(prompt.messages, max_tokens=max_tokens, method=m, n_draft=k)
+            r = engine.generate(prompt.messages, max_tokens=max_tokens, method=m, n_draft=n_draft)
             s = r.stats
             runs.append(DemoRun(m, r.tokens, r.text, s.tokens_per_second, s.acceptance_rate, s.tokens_per_target_call))
             print(f"  {m}: {s.tokens_per_second:.1f} tokens/s", file=out, flush=True)

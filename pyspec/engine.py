@@ -21,6 +21,11 @@ _LLAMA_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: loggi
 
 METHODS = ("none", "chain", "lookup")
 
+# Draft length per method when n_draft is not given: what measured best on the 2-core development
+# machine (benchmarks/compare_methods.py, README "Measured results"). A free drafter affords
+# longer drafts than a draft model whose every token costs a decode.
+DEFAULT_N_DRAFT = {"chain": 4, "lookup": 8}
+
 Message = dict[str, str]
 Prompt = Union[str, Sequence[int], Sequence[Message]]
 
@@ -169,7 +174,7 @@ class Engine:
         min_p: float,
         stop: str | Sequence[str] | None,
         method: str | None,
-        n_draft: int,
+        n_draft: int | None,
         seed: int | None,
         trace_top_k: int,
         lookup_ngram_max: int = 3,
@@ -183,7 +188,7 @@ class Engine:
         params.sampling.min_p = min_p
         params.stop = [stop] if isinstance(stop, str) else list(stop or [])
         params.method = method if method is not None else ("chain" if self.has_draft else "none")
-        params.n_draft = n_draft
+        params.n_draft = n_draft if n_draft is not None else DEFAULT_N_DRAFT.get(params.method, 4)
         params.lookup.ngram_max = lookup_ngram_max
         params.lookup.ngram_min = lookup_ngram_min
         params.seed = seed
@@ -201,7 +206,7 @@ class Engine:
         min_p: float = 0.0,
         stop: str | Sequence[str] | None = None,
         method: str | None = None,
-        n_draft: int = 4,
+        n_draft: int | None = None,
         seed: int | None = None,
         trace_top_k: int = 32,
         lookup_ngram_max: int = 3,
@@ -215,7 +220,8 @@ class Engine:
         (draft model, the default when a draft is loaded), "lookup" (prompt lookup: no draft
         model; proposes up to n_draft tokens that followed an earlier occurrence of the last
         lookup_ngram_max .. lookup_ngram_min tokens in the prompt or the output, longest match
-        first, then the most recent) or "none" (plain decoding).
+        first, then the most recent) or "none" (plain decoding). n_draft: longest draft per step
+        (default: 4 for chain, 8 for lookup).
         """
         params = self._params(
             max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
@@ -253,7 +259,7 @@ class Engine:
 
 _GENERATE_DEFAULTS: dict[str, Any] = dict(
     max_tokens=256, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, stop=None, method=None,
-    n_draft=4, seed=None, trace_top_k=32, lookup_ngram_max=3, lookup_ngram_min=1,
+    n_draft=None, seed=None, trace_top_k=32, lookup_ngram_max=3, lookup_ngram_min=1,
 )
 
 _DONE = object()

@@ -124,3 +124,12 @@ def test_invalid_lookup_arguments(engines, kwargs: dict, match: str) -> None:
     with pytest.raises(pyspec.InvalidArgumentError, match=match):
         engines["independent"].generate("hello", method="lookup", **kwargs)
     assert len(engines["independent"].generate("hello", max_tokens=4, method="lookup").tokens) == 4
+
+
+def test_default_draft_length_per_method(engines) -> None:
+    from pyspec.engine import DEFAULT_N_DRAFT
+
+    engine = engines["identical"]
+    for method in ("chain", "lookup"):
+        r = engine.generate("def f():", max_tokens=8, method=method)
+        assert len(r.stats.accept_histogram) == DEFAULT_N_DRAFT[method] + 1
