@@ -90,9 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generation_args(gen)
     gen.set_defaults(handler=_cmd_generate)
 
-    from . import demo, data, models
+    from . import bench, demo, data, models
 
     demo.register_cli(sub)
+    bench.register_cli(sub)
     models.register_cli(sub)
     data.register_cli(sub)
     return parser
@@ -104,7 +105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     level = logging.WARNING if args.verbose == 0 else (logging.INFO if args.verbose == 1 else logging.DEBUG)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     if args.verbose < 2:
-        logging.getLogger("pyspec.llama").setLevel(logging.ERROR if args.verbose == 0 else logging.WARNING)
+        # Errors from llama.cpp reach the user inside the exception message; do not print them twice.
+        logging.getLogger("pyspec.llama").setLevel(logging.CRITICAL if args.verbose == 0 else logging.WARNING)
     try:
         return int(args.handler(args) or 0)
     except (SpecError, FileNotFoundError, ValueError, OSError) as exc:

@@ -22,7 +22,7 @@ _LLAMA_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: loggi
 METHODS = ("none", "chain", "lookup")
 
 # Draft length per method when n_draft is not given: what measured best on the 2-core development
-# machine (benchmarks/compare_methods.py, README "Measured results"). A free drafter affords
+# machine (`pyspec bench`, README "Measured results"). A free drafter affords
 # longer drafts than a draft model whose every token costs a decode.
 DEFAULT_N_DRAFT = {"chain": 4, "lookup": 8}
 

@@ -1,0 +1,119 @@
+"""`pyspec bench` on the tiny models: report structure, greedy identity, the llama.cpp peers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pyspec.bench import BenchReport, format_markdown, parse_methods, run_bench, write_json
+
+from test_cli import pyspec_cli
+
+PROMPTS = [
+    "def add(a, b):\n    return a + b\n\ndef add(a, b):",
+    "the cat sat on the mat, the cat sat on the",
+    [{"role": "user", "content": "hello hello hello"}],
+]
+METHODS = "none,chain:3,lookup:4,peer-llama-cpp,peer-pld:4"
+
+
+@pytest.fixture(scope="module")
+def report(tiny_target: str, tiny_drafts: dict[str, str]) -> BenchReport:
+    return run_bench(tiny_target, tiny_drafts["perturbed"], PROMPTS, max_tokens=20, methods=METHODS, n_threads=2,
+                     n_ctx=512, progress=False)
+
+
+def test_parse_methods() -> None:
+    specs = parse_methods("lookup:8,chain,peer-pld", n_draft=5)
+    assert [(m.label, m.name, m.n_draft) for m in specs] == [
+        ("none", "none", None), ("lookup:8", "lookup", 8), ("chain", "chain", 5), ("peer-pld", "peer-pld", 5)]
+    with pytest.raises(ValueError, match="unknown method 'tree'.*available: none, chain, lookup, peer-llama-cpp"):
+        parse_methods("none,tree")
+    with pytest.raises(ValueError, match="positive integer"):
+        parse_methods("lookup:x")
+    with pytest.raises(ValueError, match="twice"):
+        parse_methods("none,none")
+
+
+def test_report_structure_and_identity(report: BenchReport) -> None:
+    assert report.methods == METHODS.split(",")
+    assert report.suite == "custom" and report.n == len(PROMPTS) and report.threads == 2
+    by_method = {r.method: r for r in report.results}
+    none = [x.tokens for x in by_method["none"].per_prompt]
+    assert all(len(t) > 0 for t in none)
+    for r in report.results:
+        assert r.n_prompts == len(PROMPTS) and len(r.per_prompt) == len(PROMPTS)
+        assert [x.prompt_id for x in r.per_prompt] == ["custom/0", "custom/1", "custom/2"]
+        assert r.tokens_per_second_min <= r.tokens_per_second <= r.tokens_per_second_max
+        assert r.speedup_vs_none > 0 and set(r.speedup_vs_peers) == {"peer-llama-cpp", "peer-pld:4"}
+        # The tiny f32 model has no batched-vs-single near-ties: every method, pyspec's and the
+        # peers' (same prompt tokens, greedy), reproduces plain decoding exactly.
+        assert [x.tokens for x in r.per_prompt] == none, r.method
+        assert r.greedy_identical == len(PROMPTS)
+    assert by_method["none"].speedup_vs_none == 1.0
+    assert by_method["chain:3"].acceptance_rate is not None and by_method["chain:3"].n_draft == 3
+    assert by_method["chain:3"].draft_time_share is not None and by_method["chain:3"].draft_time_share > 0
+    assert by_method["none"].acceptance_rate is None and by_method["none"].tokens_per_target_call == 1.0
+    assert by_method["peer-pld:4"].n_draft == 4
+    for peer in ("peer-llama-cpp", "peer-pld:4"):
+        assert by_method[peer].acceptance_rate is None and by_method[peer].tokens_per_target_call is None
+        assert by_method[peer].per_prompt[0].n_target_calls is None
+
+
+def test_markdown(report: BenchReport) -> None:
+    table = format_markdown(report)
+    assert "wall time" in table and "medians of per-prompt ratios" in table
+    assert "| method | n_draft | tok/s | speedup vs none | speedup vs peer-llama-cpp | speedup vs peer-pld:4 |" in table
+    rows = {line.split(" | ")[0][2:]: line for line in table.splitlines() if line.startswith("| ")}
+    assert set(METHODS.split(",")) <= set(rows)
+    assert rows["none"].endswith("| - | 1.00 | 0% / " + rows["none"].split("| 0% / ")[1])
+    assert rows["peer-llama-cpp"].endswith("| - | - | - | 3/3 |")
+    assert rows["chain:3"].endswith("| 3/3 |") and "| 1.00x |" in rows["none"]
+    assert "Divergences" not in table
+
+
+def test_json(report: BenchReport, tmp_path: Path) -> None:
+    path = tmp_path / "bench.json"
+    write_json(report, path)
+    data = json.loads(path.read_text())
+    assert {"target", "draft", "suite", "n", "max_tokens", "threads", "results"} <= set(data)
+    for entry in data["results"]:
+        assert {"method", "tokens_per_second", "speedup_vs_none", "acceptance_rate", "tokens_per_target_call",
+                "greedy_identical", "per_prompt"} <= set(entry)
+        assert {"prompt_id", "tokens", "tokens_per_second", "identical_to_none"} <= set(entry["per_prompt"][0])
+
+
+def test_cli_bench(tiny_target: str, tiny_drafts: dict[str, str], tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    p = pyspec_cli("bench", "--target", tiny_target, "--draft", tiny_drafts["identical"], "--prompt", PROMPTS[0],
+                   "--prompt", PROMPTS[1], "--max-tokens", "8", "--methods", "chain:2,lookup,peer-llama-cpp",
+                   "--threads", "2", "--json", str(out), "--no-progress")
+    assert p.returncode == 0, p.stderr
+    assert "| chain:2 | 2 |" in p.stdout and "| peer-llama-cpp | - |" in p.stdout
+    data = json.loads(out.read_text())
+    assert [r["method"] for r in data["results"]] == ["none", "chain:2", "lookup", "peer-llama-cpp"]
+    assert all(r["greedy_identical"] == 2 for r in data["results"])
+    p = pyspec_cli("bench", "--target", tiny_target, "--methods", "none,beam")
+    assert p.returncode == 1 and "unknown method 'beam'" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_plot_writes_png(report: BenchReport, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from pyspec.bench import plot
+
+    path = tmp_path / "bench.png"
+    plot(report, path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_without_matplotlib_says_how_to_install(report: BenchReport, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from pyspec.bench import plot
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    with pytest.raises(ImportError, match="pip install matplotlib"):
+        plot(report, tmp_path / "bench.png")
