@@ -123,3 +123,14 @@ def test_bad_prompt_type(engines) -> None:
         engines["identical"].generate(3.5)  # type: ignore[arg-type]
     with pytest.raises(pyspec.InvalidArgumentError, match="outside the vocabulary"):
         engines["identical"].generate([1, 2, 10**7])
+
+
+def test_load_error_quotes_llama_reason_after_llama_cpp_import(tmp_path: Path, tiny_target: str) -> None:
+    """Importing llama_cpp installs its own log callback; the engine takes the log back on load."""
+    import llama_cpp  # noqa: F401
+
+    data = Path(tiny_target).read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(pyspec.ModelLoadError, match="not within the file bounds"):
+        pyspec.Engine(str(cut))

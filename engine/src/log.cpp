@@ -39,10 +39,10 @@ void on_log(ggml_log_level level, const char* text, void* /*user_data*/) {
 
 void log_capture_install() {
     static std::once_flag once;
-    std::call_once(once, [] {
-        llama_log_set(on_log, nullptr);
-        llama_backend_init();
-    });
+    std::call_once(once, [] { llama_backend_init(); });
+    // Set on every model load, not once: another user of libllama in the process (importing
+    // llama_cpp does this) may have installed its own callback since.
+    llama_log_set(on_log, nullptr);
 }
 
 std::vector<LogLine> log_drain() {

@@ -15,7 +15,7 @@ struct LogLine {
     std::string text;
 };
 
-// Installs the capture callback (idempotent) and initialises the llama backend once.
+// (Re)installs the capture callback and initialises the llama backend once. Model loads call it.
 void log_capture_install();
 
 // Returns and clears the buffered lines, oldest first.
