@@ -22,12 +22,17 @@ def test_not_gguf(tmp_path: Path) -> None:
         pyspec.Engine(str(bad))
 
 
-def test_truncated_gguf(tmp_path: Path, tiny_target: str) -> None:
-    data = Path(tiny_target).read_bytes()
+def truncated_copy(path: str, tmp_path: Path) -> Path:
+    """The first half of a GGUF file: the header parses, the tensor data runs past the end."""
+    data = Path(path).read_bytes()
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(data[: len(data) // 2])
+    return cut
+
+
+def test_truncated_gguf(tmp_path: Path, tiny_target: str) -> None:
     with pytest.raises(pyspec.ModelLoadError, match="could not load model"):
-        pyspec.Engine(str(cut))
+        pyspec.Engine(str(truncated_copy(tiny_target, tmp_path)))
 
 
 def test_vocab_mismatch_names_difference(tmp_path: Path, tiny_target: str) -> None:
@@ -129,8 +134,5 @@ def test_load_error_quotes_llama_reason_after_llama_cpp_import(tmp_path: Path, t
     """Importing llama_cpp installs its own log callback; the engine takes the log back on load."""
     import llama_cpp  # noqa: F401
 
-    data = Path(tiny_target).read_bytes()
-    cut = tmp_path / "cut.gguf"
-    cut.write_bytes(data[: len(data) // 2])
     with pytest.raises(pyspec.ModelLoadError, match="not within the file bounds"):
-        pyspec.Engine(str(cut))
+        pyspec.Engine(str(truncated_copy(tiny_target, tmp_path)))
