@@ -24,9 +24,10 @@ class DemoRun:
 
 
 def default_methods() -> list[str]:
+    """Every speculative method the engine has (all but plain decoding)."""
     from .engine import METHODS
 
-    return [m for m in ("chain", "lookup") if m in METHODS]
+    return [m for m in METHODS if m != "none"]
 
 
 def run_demo(

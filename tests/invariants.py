@@ -1,0 +1,22 @@
+"""Checks shared by the decoder tests (imported by test modules; tests/ is on sys.path)."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def assert_step_invariants(result, n_draft: int, max_tokens: int) -> None:
+    """Bookkeeping of a speculative generation that ran to max_tokens."""
+    s = result.stats
+    assert result.finish_reason == "length"
+    assert s.n_generated == len(result.tokens) == max_tokens
+    # Every step adds its accepted draft tokens plus one target token.
+    assert s.n_generated == s.n_accepted + s.n_target_calls
+    assert sum(s.accept_histogram) == s.n_target_calls
+    assert sum(i * c for i, c in enumerate(s.accept_histogram)) == s.n_accepted
+    assert len(s.accept_histogram) == n_draft + 1
+    assert s.n_accepted <= s.n_drafted <= n_draft * s.n_target_calls
+    assert s.tokens_per_target_call == pytest.approx(s.n_generated / s.n_target_calls)
+    assert s.n_prompt_tokens == len(result.prompt_tokens)
+    assert result.trace.n_steps == s.n_target_calls
+    assert int(result.trace.n_accepted.sum()) == s.n_accepted
