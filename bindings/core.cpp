@@ -13,6 +13,7 @@
 #include "spec/log.h"
 #include "spec/rng.h"
 #include "spec/sampling.h"
+#include "spec/tree.h"
 #include "spec/verify.h"
 
 namespace nb = nanobind;
@@ -97,6 +98,61 @@ NB_MODULE(_core, m) {
                                             int32_t(target_probs.shape(1)), rng, residual);
     }, "draft_tokens"_a, "target_probs"_a, "draft_probs"_a, "rng"_a);
 
+    nb::class_<spec::TreeVerdict>(m, "TreeVerdict")
+        .def_ro("path", &spec::TreeVerdict::path)
+        .def_ro("next_token", &spec::TreeVerdict::next_token)
+        .def_ro("is_bonus", &spec::TreeVerdict::is_bonus);
+    m.def("verify_tree_greedy", &spec::verify_tree_greedy, "tokens"_a, "parents"_a, "target_argmax"_a);
+    m.def("verify_tree_rejection", [](const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents,
+                                      ConstFloatArray target_probs, std::optional<ConstFloatArray> draft_probs,
+                                      spec::Rng& rng) {
+        const size_t n = tokens.size();
+        if (target_probs.ndim() != 2 || target_probs.shape(0) != n + 1 ||
+            (draft_probs && (draft_probs->ndim() != 2 || draft_probs->shape(0) != n ||
+                             (n > 0 && draft_probs->shape(1) != target_probs.shape(1))))) {
+            throw spec::InvalidArgumentError("expected target_probs [n + 1, n_vocab] and draft_probs [n, n_vocab] or None");
+        }
+        std::vector<float> residual;
+        return spec::verify_tree_rejection(tokens, parents, target_probs.data(), draft_probs ? draft_probs->data() : nullptr,
+                                           int32_t(target_probs.shape(1)), rng, residual);
+    }, "tokens"_a, "parents"_a, "target_probs"_a, "draft_probs"_a.none(), "rng"_a,
+       "Multi-candidate rejection sampling over a tree; draft_probs None: deterministic candidates.");
+    m.def("verify_tree_typical", [](const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents,
+                                    ConstFloatArray target_probs, float epsilon, float delta, spec::Rng& rng) {
+        if (target_probs.ndim() != 2 || target_probs.shape(0) != tokens.size() + 1) {
+            throw spec::InvalidArgumentError("expected target_probs [n + 1, n_vocab]");
+        }
+        return spec::verify_tree_typical(tokens, parents, target_probs.data(), int32_t(target_probs.shape(1)), epsilon,
+                                         delta, rng);
+    }, "tokens"_a, "parents"_a, "target_probs"_a, "epsilon"_a, "delta"_a, "rng"_a);
+
+    nb::class_<spec::TreeBatchLayout>(m, "TreeBatchLayout")
+        .def_ro("depth", &spec::TreeBatchLayout::depth)
+        .def_ro("seq_ids", &spec::TreeBatchLayout::seq_ids)
+        .def_ro("root_seq_ids", &spec::TreeBatchLayout::root_seq_ids)
+        .def_ro("leaf_seq", &spec::TreeBatchLayout::leaf_seq)
+        .def_ro("n_leaves", &spec::TreeBatchLayout::n_leaves);
+    m.def("layout_tree", &spec::layout_tree, "parents"_a);
+    m.def("prefix_match", &spec::prefix_match, "beams"_a, "n_beams"_a, "length"_a);
+    nb::class_<spec::BeamTree>(m, "BeamTree")
+        .def_ro("tokens", &spec::BeamTree::tokens)
+        .def_ro("parents", &spec::BeamTree::parents)
+        .def_ro("node_of", &spec::BeamTree::node_of);
+    m.def("beams_to_tree", &spec::beams_to_tree, "beams"_a, "n_beams"_a, "length"_a);
+    m.attr("MAX_TREE_NODES") = spec::kMaxTreeNodes;
+
+    nb::class_<spec::TreeParams>(m, "TreeParams")
+        .def(nb::init<>())
+        .def_rw("n_nodes", &spec::TreeParams::n_nodes)
+        .def_rw("depth", &spec::TreeParams::depth)
+        .def_rw("branching", &spec::TreeParams::branching)
+        .def_rw("n_expand", &spec::TreeParams::n_expand);
+
+    nb::class_<spec::BeamParams>(m, "BeamParams")
+        .def(nb::init<>())
+        .def_rw("n_beams", &spec::BeamParams::n_beams)
+        .def_rw("length", &spec::BeamParams::length);
+
     nb::class_<spec::LookupParams>(m, "LookupParams")
         .def(nb::init<>())
         .def_rw("ngram_max", &spec::LookupParams::ngram_max)
@@ -109,8 +165,14 @@ NB_MODULE(_core, m) {
         .def_rw("stop", &spec::GenerateParams::stop)
         .def_rw("method", &spec::GenerateParams::method)
         .def_rw("n_draft", &spec::GenerateParams::n_draft)
+        .def_rw("tree", &spec::GenerateParams::tree)
+        .def_rw("beam", &spec::GenerateParams::beam)
         .def_rw("lookup", &spec::GenerateParams::lookup)
+        .def_rw("acceptance", &spec::GenerateParams::acceptance)
+        .def_rw("typical_epsilon", &spec::GenerateParams::typical_epsilon)
+        .def_rw("typical_delta", &spec::GenerateParams::typical_delta)
         .def_rw("trace_top_k", &spec::GenerateParams::trace_top_k)
+        .def_rw("return_logits", &spec::GenerateParams::return_logits)
         .def_rw("seed", &spec::GenerateParams::seed);
 
     nb::class_<spec::Stats>(m, "Stats")
@@ -119,6 +181,7 @@ NB_MODULE(_core, m) {
         .def_ro("n_target_calls", &spec::Stats::n_target_calls)
         .def_ro("n_drafted", &spec::Stats::n_drafted)
         .def_ro("n_accepted", &spec::Stats::n_accepted)
+        .def_ro("n_candidate_tokens", &spec::Stats::n_candidate_tokens)
         .def_ro("n_draft_decodes", &spec::Stats::n_draft_decodes)
         .def_ro("accept_histogram", &spec::Stats::accept_histogram)
         .def_ro("t_prefill_ms", &spec::Stats::t_prefill_ms)
@@ -128,6 +191,9 @@ NB_MODULE(_core, m) {
         .def_ro("t_total_ms", &spec::Stats::t_total_ms)
         .def_prop_ro("acceptance_rate", &spec::Stats::acceptance_rate)
         .def_prop_ro("tokens_per_target_call", &spec::Stats::tokens_per_target_call)
+        .def_prop_ro("mean_draft_size", &spec::Stats::mean_draft_size)
+        .def_prop_ro("mean_accepted_depth", &spec::Stats::mean_accepted_depth)
+        .def_prop_ro("compression_ratio", &spec::Stats::compression_ratio)
         .def_prop_ro("tokens_per_second", &spec::Stats::tokens_per_second);
 
     nb::class_<spec::StepTrace>(m, "StepTrace")
@@ -145,7 +211,11 @@ NB_MODULE(_core, m) {
         .def_ro("tokens", &spec::GenerateResult::tokens)
         .def_ro("finish_reason", &spec::GenerateResult::finish_reason)
         .def_ro("stats", &spec::GenerateResult::stats)
-        .def_ro("trace", &spec::GenerateResult::trace);
+        .def_ro("trace", &spec::GenerateResult::trace)
+        .def("take_logits", [](spec::GenerateResult& r, size_t n_vocab) {
+            const size_t n_rows = n_vocab ? r.logits.size() / n_vocab : 0;
+            return to_numpy(std::move(r.logits), {n_rows, n_vocab});
+        }, "n_vocab"_a, "Moves the return_logits rows out as a numpy array [n_tokens, n_vocab].");
 
     nb::class_<spec::Engine>(m, "Engine")
         .def("__init__", [](spec::Engine* self, const std::string& target, const std::string& draft, int32_t n_ctx,

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 
-from .engine import METHODS, Engine, TextStream
+from .config import METHODS, GenerationConfig
+from .engine import Engine, TextStream
 from .errors import (
     ContextOverflowError,
     DecodeError,
@@ -31,6 +32,7 @@ __all__ = [
     "Engine",
     "TextStream",
     "METHODS",
+    "GenerationConfig",
     "GenerationResult",
     "GenerationStats",
     "Trace",

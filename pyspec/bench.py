@@ -44,9 +44,10 @@ BenchPrompt = Union["Prompt", str, Sequence[dict]]
 
 @dataclass(frozen=True)
 class MethodSpec:
-    label: str  # as given on the command line, e.g. "lookup:8"
-    name: str  # "none" | "chain" | "lookup" | "peer-llama-cpp" | "peer-pld"
-    n_draft: int | None  # None: the method's own default
+    label: str  # as given on the command line, e.g. "lookup:8", "tree:24", "beam:4x5"
+    name: str  # a pyspec method (engine.METHODS) | "peer-llama-cpp" | "peer-pld"
+    n_draft: int | None  # chain-like methods: None = the method's own default
+    options: tuple[tuple[str, int], ...] = ()  # tree / beam shape from the suffix, for generate()
 
     @property
     def is_peer(self) -> bool:
@@ -59,10 +60,22 @@ def available_methods() -> tuple[str, ...]:
     return (*METHODS, *PEER_METHODS)
 
 
+def _shape_options(name: str, item: str, k: str) -> tuple[tuple[str, int], ...]:
+    """tree:N -> tree_nodes N; beam:KxL -> K beams of length L."""
+    parts = k.split("x") if name == "beam" else [k]
+    if len(parts) != (2 if name == "beam" else 1) or not all(x.isdigit() and int(x) >= 1 for x in parts):
+        form = "beam:KxL (e.g. beam:4x5)" if name == "beam" else "tree:N (node budget, e.g. tree:16)"
+        raise ValueError(f"bad shape in {item!r}: expected {form}")
+    if name == "beam":
+        return (("beams", int(parts[0])), ("beam_length", int(parts[1])))
+    return (("tree_nodes", int(parts[0])),)
+
+
 def parse_methods(spec: str | Sequence[str], n_draft: int | None = None) -> list[MethodSpec]:
-    """'none,lookup:8,peer-pld' -> MethodSpecs. A ':K' suffix sets the draft length; n_draft is
-    the length for drafting methods given without one. `none` is put first when missing: it is
-    the reference for speedup and identity."""
+    """'none,lookup:8,tree:16,beam:4x5,peer-pld' -> MethodSpecs. A ':K' suffix sets the draft
+    length of chain, lookup and peer-pld, the node budget of tree, and beams x length of beam;
+    n_draft is the length for chain-like methods given without one. `none` is put first when
+    missing: it is the reference for speedup and identity."""
     items = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
     available = available_methods()
     out: list[MethodSpec] = []
@@ -70,11 +83,13 @@ def parse_methods(spec: str | Sequence[str], n_draft: int | None = None) -> list
         name, colon, k = item.partition(":")
         if name not in available:
             raise ValueError(f"unknown method {name!r}; available: {', '.join(available)}")
-        if colon:
-            if name in ("none", "peer-llama-cpp"):
-                raise ValueError(f"method {name!r} drafts nothing: a ':K' suffix makes no sense ({item!r})")
-            if not k.isdigit() or int(k) < 1:
-                raise ValueError(f"draft length in {item!r} must be a positive integer")
+        if colon and name in ("none", "peer-llama-cpp"):
+            raise ValueError(f"method {name!r} drafts nothing: a ':K' suffix makes no sense ({item!r})")
+        if name in ("tree", "beam"):
+            out.append(MethodSpec(item, name, None, _shape_options(name, item, k) if colon else ()))
+            continue
+        if colon and (not k.isdigit() or int(k) < 1):
+            raise ValueError(f"draft length in {item!r} must be a positive integer")
         drafts = name not in ("none", "peer-llama-cpp")
         out.append(MethodSpec(item, name, int(k) if colon else (n_draft if drafts else None)))
     labels = [m.label for m in out]
@@ -230,7 +245,7 @@ def _top2_gap(engine: "Engine", tokens: list[int]) -> float:
 def _run_pyspec(engine: "Engine", m: MethodSpec, prompt_id: str, prompt_tokens: list[int],
                 max_tokens: int) -> PromptRun:
     t0 = time.perf_counter()
-    r = engine.generate(prompt_tokens, max_tokens=max_tokens, method=m.name, n_draft=m.n_draft)
+    r = engine.generate(prompt_tokens, max_tokens=max_tokens, method=m.name, n_draft=m.n_draft, **dict(m.options))
     wall = time.perf_counter() - t0
     s = r.stats
     return PromptRun(
@@ -285,9 +300,9 @@ def run_bench(
         suite, prompt_list = "custom", list(prompts)
     if not prompt_list:
         raise ValueError("no prompts to run")
-    needs_draft = any(m.name == "chain" for m in specs)
+    needs_draft = [m.label for m in specs if m.name in ("chain", "tree", "beam")]
     if needs_draft and not draft:
-        raise ValueError("method 'chain' needs a draft model (--draft)")
+        raise ValueError(f"method(s) {', '.join(needs_draft)} need a draft model (--draft)")
     target_path = resolve_model(target, progress=progress)
     draft_path = resolve_model(draft, progress=progress) if needs_draft and draft else None
 

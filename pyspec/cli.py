@@ -45,6 +45,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
             min_p=args.min_p, stop=args.stop, method=args.method, n_draft=args.n_draft, seed=args.seed,
             lookup_ngram_max=args.lookup_ngram_max, lookup_ngram_min=args.lookup_ngram_min,
+            tree_nodes=args.tree_nodes, tree_depth=args.tree_depth, tree_branching=args.tree_branching,
+            tree_expand=args.tree_expand, beams=args.beams, beam_length=args.beam_length,
+            acceptance=args.acceptance, typical_epsilon=args.typical_epsilon, typical_delta=args.typical_delta,
         )
         if args.json:
             result = engine.generate(prompt, **kwargs)
@@ -79,9 +82,25 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--prompt-file", help="file with the prompt text ('-' for stdin)")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
-    gen.add_argument("--method", choices=["none", "chain", "lookup"], default=None,
-                     help="decoding method: chain (draft model), lookup (prompt lookup, no draft model) or "
-                          "none (default: chain with a draft, else none)")
+    from .config import METHODS, GenerationConfig
+
+    d = GenerationConfig()
+    gen.add_argument("--method", choices=list(METHODS), default=None,
+                     help="decoding method: chain (draft model chain), tree (draft model token tree), beam "
+                          "(draft model beam search), lookup (prompt lookup, no draft model) or none "
+                          "(default: chain with a draft, else none)")
+    gen.add_argument("--tree-nodes", type=int, default=d.tree_nodes, help=f"tree: node budget (default {d.tree_nodes})")
+    gen.add_argument("--tree-depth", type=int, default=d.tree_depth, help=f"tree: longest path (default {d.tree_depth})")
+    gen.add_argument("--tree-branching", type=int, default=d.tree_branching,
+                     help=f"tree: children per expanded node (default {d.tree_branching})")
+    gen.add_argument("--tree-expand", type=int, default=d.tree_expand,
+                     help=f"tree: frontier nodes expanded per draft decode (default {d.tree_expand})")
+    gen.add_argument("--beams", type=int, default=d.beams, help=f"beam: number of beams K (default {d.beams})")
+    gen.add_argument("--beam-length", type=int, default=d.beam_length, help=f"beam: beam length L (default {d.beam_length})")
+    gen.add_argument("--acceptance", choices=["exact", "typical"], default=d.acceptance,
+                     help="sampled verification: exact (default) or typical (Medusa; LOSSY, not the target's distribution)")
+    gen.add_argument("--typical-epsilon", type=float, default=d.typical_epsilon)
+    gen.add_argument("--typical-delta", type=float, default=d.typical_delta)
     gen.add_argument("--lookup-ngram-max", type=int, default=3,
                      help="lookup: longest n-gram matched against earlier text (default 3)")
     gen.add_argument("--lookup-ngram-min", type=int, default=1,

@@ -12,6 +12,7 @@ from typing import Any, Union
 import numpy as np
 
 from . import _core
+from .config import DEFAULT_N_DRAFT, METHODS, GenerationConfig
 from .results import GenerationResult, GenerationStats, Trace
 
 log = logging.getLogger("pyspec")
@@ -19,12 +20,7 @@ llama_log = logging.getLogger("pyspec.llama")
 
 _LLAMA_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
 
-METHODS = ("none", "chain", "lookup")
-
-# Draft length per method when n_draft is not given: what measured best on the 2-core development
-# machine (`pyspec bench`, README "Measured results"). A free drafter affords
-# longer drafts than a draft model whose every token costs a decode.
-DEFAULT_N_DRAFT = {"chain": 4, "lookup": 8}
+__all__ = ["Engine", "TextStream", "METHODS", "DEFAULT_N_DRAFT", "GenerationConfig", "cpu_has_amx"]
 
 Message = dict[str, str]
 Prompt = Union[str, Sequence[int], Sequence[Message]]
@@ -164,88 +160,36 @@ class Engine:
 
     # -- generation ----------------------------------------------------------------------------
 
-    def _params(
-        self,
-        *,
-        max_tokens: int,
-        temperature: float,
-        top_k: int,
-        top_p: float,
-        min_p: float,
-        stop: str | Sequence[str] | None,
-        method: str | None,
-        n_draft: int | None,
-        seed: int | None,
-        trace_top_k: int,
-        lookup_ngram_max: int = 3,
-        lookup_ngram_min: int = 1,
-    ) -> Any:
-        params = _core.GenerateParams()
-        params.max_tokens = max_tokens
-        params.sampling.temperature = temperature
-        params.sampling.top_k = top_k
-        params.sampling.top_p = top_p
-        params.sampling.min_p = min_p
-        params.stop = [stop] if isinstance(stop, str) else list(stop or [])
-        params.method = method if method is not None else ("chain" if self.has_draft else "none")
-        params.n_draft = n_draft if n_draft is not None else DEFAULT_N_DRAFT.get(params.method, 4)
-        params.lookup.ngram_max = lookup_ngram_max
-        params.lookup.ngram_min = lookup_ngram_min
-        params.seed = seed
-        params.trace_top_k = trace_top_k
-        return params
-
-    def generate(
-        self,
-        prompt: Prompt,
-        *,
-        max_tokens: int = 256,
-        temperature: float = 0.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        min_p: float = 0.0,
-        stop: str | Sequence[str] | None = None,
-        method: str | None = None,
-        n_draft: int | None = None,
-        seed: int | None = None,
-        trace_top_k: int = 32,
-        lookup_ngram_max: int = 3,
-        lookup_ngram_min: int = 1,
-    ) -> GenerationResult:
+    def generate(self, prompt: Prompt, config: GenerationConfig | None = None, **options: Any) -> GenerationResult:
         """Generates a completion; the output is exactly the target model's.
 
-        temperature 0 is greedy decoding (token-identical to method="none", except where
-        batched and one-token logits of the backend flip a near-tie; see README); above 0 the tokens
-        follow the target's sampling distribution after top_k / top_p / min_p. method: "chain"
-        (draft model, the default when a draft is loaded), "lookup" (prompt lookup: no draft
-        model; proposes up to n_draft tokens that followed an earlier occurrence of the last
-        lookup_ngram_max .. lookup_ngram_min tokens in the prompt or the output, longest match
-        first, then the most recent) or "none" (plain decoding). n_draft: longest draft per step
-        (default: 4 for chain, 8 for lookup).
+        Settings come from `config` (a GenerationConfig) with `options` (any of its fields as
+        keywords, e.g. max_tokens=128, method="tree", temperature=0.7) applied on top; see
+        GenerationConfig for every knob. Greedy output (temperature 0) is token-identical to
+        method="none", except where batched and one-token logits of the backend flip a near-tie
+        (README, "Numerics").
         """
-        params = self._params(
-            max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-            stop=stop, method=method, n_draft=n_draft, seed=seed, trace_top_k=trace_top_k,
-            lookup_ngram_max=lookup_ngram_max, lookup_ngram_min=lookup_ngram_min,
-        )
-        return self._run(self.prompt_tokens(prompt), params, None)
+        cfg = (config or GenerationConfig()).replace(**options)
+        return self._run(self.prompt_tokens(prompt), cfg, None)
 
-    def stream(self, prompt: Prompt, **kwargs: Any) -> "TextStream":
+    def stream(self, prompt: Prompt, config: GenerationConfig | None = None, **options: Any) -> "TextStream":
         """Like generate(), but yields text pieces as they are produced.
 
         Iterate over the returned stream for str pieces; `stream.result` holds the
         GenerationResult once iteration ends. Breaking out of the loop (or stream.close())
         cancels the generation; the engine stays usable.
         """
-        params = self._params(**{**_GENERATE_DEFAULTS, **kwargs})
-        return TextStream(self, self.prompt_tokens(prompt), params)
+        cfg = (config or GenerationConfig()).replace(**options)
+        return TextStream(self, self.prompt_tokens(prompt), cfg)
 
-    def _run(self, tokens: list[int], params: Any, on_text: Any) -> GenerationResult:
+    def _run(self, tokens: list[int], config: GenerationConfig, on_text: Any) -> GenerationResult:
+        params = config.to_core(self.has_draft)
         try:
             with self._lock:
                 core_result = self._core.generate(tokens, params, on_text)
         finally:
             _forward_llama_logs()
+        logits = core_result.take_logits(self.n_vocab) if config.return_logits else None
         return GenerationResult(
             text=core_result.text,
             tokens=list(core_result.tokens),
@@ -254,13 +198,9 @@ class Engine:
             method=params.method,
             stats=GenerationStats._from_core(core_result.stats),
             trace=Trace._from_core(list(core_result.trace), params.trace_top_k),
+            logits=None if logits is None else np.asarray(logits),
         )
 
-
-_GENERATE_DEFAULTS: dict[str, Any] = dict(
-    max_tokens=256, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, stop=None, method=None,
-    n_draft=None, seed=None, trace_top_k=32, lookup_ngram_max=3, lookup_ngram_min=1,
-)
 
 _DONE = object()
 
@@ -268,7 +208,7 @@ _DONE = object()
 class TextStream:
     """Iterator over the text pieces of one generation running in a worker thread."""
 
-    def __init__(self, engine: Engine, tokens: list[int], params: Any) -> None:
+    def __init__(self, engine: Engine, tokens: list[int], config: GenerationConfig) -> None:
         self.result: GenerationResult | None = None
         self._queue: "queue.Queue[object]" = queue.Queue()
         self._cancel = threading.Event()
@@ -280,7 +220,7 @@ class TextStream:
 
         def work() -> None:
             try:
-                self.result = engine._run(tokens, params, on_text)
+                self.result = engine._run(tokens, config, on_text)
             except BaseException as exc:  # handed to the consumer thread
                 self._error = exc
             finally:

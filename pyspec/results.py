@@ -15,13 +15,17 @@ class GenerationStats:
     n_prompt_tokens: int
     n_generated: int
     n_target_calls: int  # target decodes after prefill, one per speculative step
-    n_drafted: int  # draft tokens proposed
+    n_drafted: int  # draft tokens proposed (tree nodes for tree and beam)
     n_accepted: int  # draft tokens accepted
+    n_candidate_tokens: int  # tokens drafted before compression (beam: beams x length per step)
     n_draft_decodes: int  # draft-model decodes (prefill included); 0 for model-free methods
     acceptance_rate: float  # n_accepted / n_drafted
     tokens_per_target_call: float  # n_generated / n_target_calls
     tokens_per_second: float  # n_generated / generation time (prefill excluded)
-    accept_histogram: list[int]  # [n_draft + 1] steps that accepted i draft tokens
+    mean_draft_size: float  # n_drafted / n_target_calls (tree size for tree and beam)
+    mean_accepted_depth: float  # n_accepted / n_target_calls
+    compression_ratio: float  # n_candidate_tokens / n_drafted (beam tokens per tree node; 1 otherwise)
+    accept_histogram: list[int]  # [max depth + 1] steps that accepted i draft tokens
     t_prefill_ms: float
     t_draft_ms: float
     t_verify_ms: float
@@ -36,10 +40,14 @@ class GenerationStats:
             n_target_calls=s.n_target_calls,
             n_drafted=s.n_drafted,
             n_accepted=s.n_accepted,
+            n_candidate_tokens=s.n_candidate_tokens,
             n_draft_decodes=s.n_draft_decodes,
             acceptance_rate=s.acceptance_rate,
             tokens_per_target_call=s.tokens_per_target_call,
             tokens_per_second=s.tokens_per_second,
+            mean_draft_size=s.mean_draft_size,
+            mean_accepted_depth=s.mean_accepted_depth,
+            compression_ratio=s.compression_ratio,
             accept_histogram=list(s.accept_histogram),
             t_prefill_ms=s.t_prefill_ms,
             t_draft_ms=s.t_draft_ms,
@@ -114,6 +122,9 @@ class GenerationResult:
     method: str
     stats: GenerationStats
     trace: Trace = field(repr=False)
+    # [n_tokens, n_vocab] float32 when generated with return_logits=True: the target's logits row
+    # each token was chosen from.
+    logits: np.ndarray | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary (the trace is left out)."""

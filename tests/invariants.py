@@ -5,8 +5,12 @@ from __future__ import annotations
 import pytest
 
 
-def assert_step_invariants(result, n_draft: int, max_tokens: int) -> None:
-    """Bookkeeping of a speculative generation that ran to max_tokens."""
+def assert_step_invariants(result, n_draft: int, max_tokens: int, max_nodes: int | None = None) -> None:
+    """Bookkeeping of a speculative generation that ran to max_tokens.
+
+    n_draft: the longest path a step can accept (chain length, tree depth, beam length);
+    max_nodes: the most tokens one step can propose (default n_draft: a chain).
+    """
     s = result.stats
     assert result.finish_reason == "length"
     assert s.n_generated == len(result.tokens) == max_tokens
@@ -15,7 +19,7 @@ def assert_step_invariants(result, n_draft: int, max_tokens: int) -> None:
     assert sum(s.accept_histogram) == s.n_target_calls
     assert sum(i * c for i, c in enumerate(s.accept_histogram)) == s.n_accepted
     assert len(s.accept_histogram) == n_draft + 1
-    assert s.n_accepted <= s.n_drafted <= n_draft * s.n_target_calls
+    assert s.n_accepted <= s.n_drafted <= (max_nodes or n_draft) * s.n_target_calls
     assert s.tokens_per_target_call == pytest.approx(s.n_generated / s.n_target_calls)
     assert s.n_prompt_tokens == len(result.prompt_tokens)
     assert result.trace.n_steps == s.n_target_calls

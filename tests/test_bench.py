@@ -16,7 +16,7 @@ PROMPTS = [
     "the cat sat on the mat, the cat sat on the",
     [{"role": "user", "content": "hello hello hello"}],
 ]
-METHODS = "none,chain:3,lookup:4,peer-llama-cpp,peer-pld:4"
+METHODS = "none,chain:3,tree:8,beam:2x3,lookup:4,peer-llama-cpp,peer-pld:4"
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +29,16 @@ def test_parse_methods() -> None:
     specs = parse_methods("lookup:8,chain,peer-pld", n_draft=5)
     assert [(m.label, m.name, m.n_draft) for m in specs] == [
         ("none", "none", None), ("lookup:8", "lookup", 8), ("chain", "chain", 5), ("peer-pld", "peer-pld", 5)]
-    with pytest.raises(ValueError, match="unknown method 'tree'.*available: none, chain, lookup, peer-llama-cpp"):
-        parse_methods("none,tree")
+    with pytest.raises(ValueError, match="unknown method 'forest'.*available: none, chain, tree, beam, lookup, peer"):
+        parse_methods("none,forest")
+    specs = parse_methods("tree:24,beam:3x6,tree")
+    assert [(m.label, m.name, dict(m.options)) for m in specs[1:]] == [
+        ("tree:24", "tree", {"tree_nodes": 24}), ("beam:3x6", "beam", {"beams": 3, "beam_length": 6}),
+        ("tree", "tree", {})]
+    with pytest.raises(ValueError, match="expected beam:KxL"):
+        parse_methods("beam:4")
+    with pytest.raises(ValueError, match="expected tree:N"):
+        parse_methods("tree:0")
     with pytest.raises(ValueError, match="positive integer"):
         parse_methods("lookup:x")
     with pytest.raises(ValueError, match="twice"):
@@ -95,8 +103,8 @@ def test_cli_bench(tiny_target: str, tiny_drafts: dict[str, str], tmp_path: Path
     data = json.loads(out.read_text())
     assert [r["method"] for r in data["results"]] == ["none", "chain:2", "lookup", "peer-llama-cpp"]
     assert all(r["greedy_identical"] == 2 for r in data["results"])
-    p = pyspec_cli("bench", "--target", tiny_target, "--methods", "none,beam")
-    assert p.returncode == 1 and "unknown method 'beam'" in p.stderr and "Traceback" not in p.stderr
+    p = pyspec_cli("bench", "--target", tiny_target, "--methods", "none,forest")
+    assert p.returncode == 1 and "unknown method 'forest'" in p.stderr and "Traceback" not in p.stderr
 
 
 def test_plot_writes_png(report: BenchReport, tmp_path: Path) -> None:

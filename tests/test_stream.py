@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from pyspec import GenerationConfig
+
 import pyspec
 
 
@@ -58,10 +60,9 @@ def test_callback_exception_propagates_and_engine_survives(engines) -> None:
     def boom(piece: str) -> bool:
         raise RuntimeError("stop right there")
 
-    params = engine._params(max_tokens=20, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, stop=None,
-                            method="chain", n_draft=4, seed=None, trace_top_k=0)
+    config = GenerationConfig(max_tokens=20, method="chain", n_draft=4, trace_top_k=0)
     with pytest.raises(RuntimeError, match="stop right there"):
-        engine._run(engine.tokenize("hello"), params, boom)
+        engine._run(engine.tokenize("hello"), config, boom)
     assert len(engine.generate("hello", max_tokens=10).tokens) == 10
 
 

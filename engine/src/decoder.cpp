@@ -6,6 +6,7 @@
 #include "spec/error.h"
 #include "spec/log.h"
 #include "spec/text_stream.h"
+#include "spec/tree.h"
 #include "spec/verify.h"
 
 namespace spec {
@@ -33,8 +34,9 @@ struct Request {
 
     // Verification buffers, reused every step.
     Draft draft;
-    std::vector<float> target_probs;  // [n_draft + 1, n_vocab]
-    std::vector<float> draft_probs;   // [n_draft, n_vocab] (one-hot rows for deterministic drafts)
+    std::vector<int32_t> parents;     // [n] the draft's tree (a chain spelled out)
+    TreeBatchLayout layout;
+    std::vector<float> target_probs;  // [n + 1, n_vocab]
     std::vector<int32_t> target_argmax;
     std::vector<float> row, residual;
     std::vector<int32_t> scratch;
@@ -55,40 +57,70 @@ void prefill(Request& req, const std::vector<int32_t>& prompt) {
     if (req.drafter) req.drafter->begin(prompt);
 }
 
-// Verifies the draft against target rows 0..n_draft; returns the verdict.
-ChainVerdict verify_step(Request& req) {
-    const int32_t n_draft = int32_t(req.draft.tokens.size());
-    const int32_t n_vocab = req.target.n_vocab();
-    const SamplingParams& sampling = req.params.sampling;
-    if (sampling.greedy()) {
-        req.target_argmax.resize(size_t(n_draft + 1));
-        for (int32_t i = 0; i <= n_draft; ++i) req.target_argmax[size_t(i)] = argmax(req.target.logits(i), n_vocab);
-        return verify_chain_greedy(req.draft.tokens, req.target_argmax);
+// Decodes the root (the pending committed token) and the draft in one target call. Tree nodes go
+// into leaf sequences that first receive the committed tokens (spec/tree.h).
+void decode_draft(Request& req, std::vector<BatchToken>& batch) {
+    const Draft& draft = req.draft;
+    const int32_t n = int32_t(draft.tokens.size());
+    req.parents = draft.parents.empty() ? chain_parents(n) : draft.parents;
+    req.layout = layout_tree(req.parents);
+    for (int32_t s = 1; s <= req.layout.n_leaves; ++s) req.target.kv_copy(0, s);
+    batch.clear();
+    batch.push_back({req.committed.back(), req.n_past, req.layout.root_seq_ids, true});
+    for (int32_t i = 0; i < n; ++i) {
+        batch.push_back({draft.tokens[size_t(i)], req.n_past + 1 + req.layout.depth[size_t(i)],
+                         req.layout.seq_ids[size_t(i)], true});
     }
-    req.target_probs.resize(size_t(n_draft + 1) * size_t(n_vocab));
-    for (int32_t i = 0; i <= n_draft; ++i) {
-        compute_probs(req.target.logits(i), n_vocab, sampling, req.row, req.scratch);
+    req.target.decode(batch);
+}
+
+// Verifies the draft against target rows 0..n (row 0: the root, row i + 1: node i).
+TreeVerdict verify_step(Request& req) {
+    const int32_t n = int32_t(req.draft.tokens.size());
+    const int32_t n_vocab = req.target.n_vocab();
+    const GenerateParams& params = req.params;
+    if (params.sampling.greedy()) {
+        req.target_argmax.resize(size_t(n + 1));
+        for (int32_t i = 0; i <= n; ++i) req.target_argmax[size_t(i)] = argmax(req.target.logits(i), n_vocab);
+        return verify_tree_greedy(req.draft.tokens, req.parents, req.target_argmax);
+    }
+    req.target_probs.resize(size_t(n + 1) * size_t(n_vocab));
+    for (int32_t i = 0; i <= n; ++i) {
+        compute_probs(req.target.logits(i), n_vocab, params.sampling, req.row, req.scratch);
         std::copy(req.row.begin(), req.row.end(), req.target_probs.begin() + size_t(i) * size_t(n_vocab));
     }
-    const float* q = req.draft.probs.data();
-    if (req.draft.probs.empty() && n_draft > 0) {
-        // Deterministic proposal: q is one-hot at the proposed token.
-        req.draft_probs.assign(size_t(n_draft) * size_t(n_vocab), 0.0f);
-        for (int32_t i = 0; i < n_draft; ++i) {
-            req.draft_probs[size_t(i) * size_t(n_vocab) + size_t(req.draft.tokens[size_t(i)])] = 1.0f;
-        }
-        q = req.draft_probs.data();
+    if (params.acceptance == "typical") {
+        return verify_tree_typical(req.draft.tokens, req.parents, req.target_probs.data(), n_vocab,
+                                   params.typical_epsilon, params.typical_delta, req.rng);
     }
-    return verify_chain_rejection(req.draft.tokens, req.target_probs.data(), q, n_vocab, req.rng, req.residual);
+    const float* q = req.draft.probs.empty() ? nullptr : req.draft.probs.data();  // nullptr: one-hot
+    return verify_tree_rejection(req.draft.tokens, req.parents, req.target_probs.data(), q, n_vocab, req.rng,
+                                 req.residual);
+}
+
+// Keeps the root and the accepted path in sequence 0 of the target's KV cache; drops the rest.
+void keep_accepted(Request& req, const TreeVerdict& verdict) {
+    const int32_t n_accepted = int32_t(verdict.path.size());
+    if (req.layout.n_leaves > 0) {
+        if (n_accepted > 0) {
+            const int32_t seq = req.layout.leaf_seq[size_t(verdict.path.back())];
+            req.target.kv_copy(seq, 0, req.n_past + 1, req.n_past + 1 + n_accepted);
+        }
+        req.target.kv_keep(0);
+    }
+    req.n_past += 1 + n_accepted;
+    req.target.kv_remove(0, req.n_past, -1);
 }
 
 // Appends one token to the output; returns false when generation must end.
-bool commit_token(Request& req, int32_t token, const TextCallback& on_text) {
+// logits_row: [n_vocab] the target row the token was chosen from.
+bool commit_token(Request& req, int32_t token, const float* logits_row, const TextCallback& on_text) {
     GenerateResult& res = req.result;
     if (req.target.is_eog(token)) {
         res.finish_reason = "stop";
         return false;
     }
+    if (req.params.return_logits) res.logits.insert(res.logits.end(), logits_row, logits_row + req.target.n_vocab());
     req.committed.push_back(token);
     res.tokens.push_back(token);
     const std::string piece = req.text.push(req.target.token_to_piece(token));
@@ -107,32 +139,58 @@ bool commit_token(Request& req, int32_t token, const TextCallback& on_text) {
     return true;
 }
 
-void record_trace(Request& req, const ChainVerdict& verdict, int32_t position) {
+void record_trace(Request& req, const TreeVerdict& verdict, int32_t position) {
     if (req.params.trace_top_k <= 0) return;
+    const Draft& draft = req.draft;
     StepTrace step;
     step.position = position;
-    step.draft_tokens = req.draft.tokens;
-    step.n_accepted = verdict.n_accepted;
+    step.n_accepted = int32_t(verdict.path.size());
     step.target_token = verdict.next_token;
-    step.rejected = verdict.n_accepted < int32_t(req.draft.tokens.size());
+    step.rejected = !verdict.is_bonus;
+    if (draft.parents.empty()) {
+        step.draft_tokens = draft.tokens;
+    } else {
+        for (int32_t node : verdict.path) step.draft_tokens.push_back(draft.tokens[size_t(node)]);
+        const int32_t at = verdict.path.empty() ? -1 : verdict.path.back();
+        for (size_t c = 0; c < draft.parents.size() && step.rejected; ++c) {
+            if (draft.parents[c] == at) {
+                step.draft_tokens.push_back(draft.tokens[c]);
+                break;
+            }
+        }
+    }
     if (step.rejected) {
-        softmax(req.target.logits(verdict.n_accepted), req.target.n_vocab(), req.row);
+        const int32_t row = verdict.path.empty() ? 0 : verdict.path.back() + 1;
+        softmax(req.target.logits(row), req.target.n_vocab(), req.row);
         top_k_entries(req.row.data(), req.target.n_vocab(), req.params.trace_top_k, step.top_ids, step.top_probs);
     }
     req.result.trace.push_back(std::move(step));
+}
+
+// Draft depth and node budget a method asks for (before the per-step limits).
+struct DraftShape {
+    int32_t depth = 0;
+    int32_t n_nodes = 0;
+};
+
+DraftShape draft_shape(const GenerateParams& params) {
+    if (params.method == "tree") return {params.tree.depth, params.tree.n_nodes};
+    if (params.method == "beam") return {params.beam.length, params.beam.n_beams * params.beam.length};
+    if (params.method == "none") return {0, 0};
+    return {params.n_draft, params.n_draft};
 }
 
 }  // namespace
 
 Engine::Engine(const std::string& target_path, const std::string& draft_path, const EngineParams& params)
     : params_(params), rng_(params.seed) {
-    target_ = std::make_unique<Model>(target_path, params.model);
+    ModelParams model_params = params.model;
+    model_params.n_seq_max = std::max(model_params.n_seq_max, kMaxTreeSeqs);
+    target_ = std::make_unique<Model>(target_path, model_params);
     if (!draft_path.empty()) {
-        draft_ = std::make_unique<Model>(draft_path, params.model);
+        draft_ = std::make_unique<Model>(draft_path, model_params);
         check_vocab_compatible(*target_, *draft_);
-        chain_drafter_ = make_model_chain_drafter(*draft_);
     }
-    lookup_drafter_ = make_prompt_lookup_drafter(lookup_params_);
 }
 
 Engine::~Engine() = default;
@@ -179,32 +237,25 @@ std::vector<float> Engine::evaluate(const std::vector<int32_t>& tokens, bool use
 }
 
 void Engine::close() {
-    chain_drafter_.reset();
-    lookup_drafter_.reset();
     draft_.reset();
     target_.reset();
 }
 
-Drafter* Engine::drafter_for(const GenerateParams& params) {
+std::unique_ptr<Drafter> Engine::make_drafter(const GenerateParams& params) {
+    // Drafters are cheap (the models and their caches belong to the engine): one per request.
     const std::string& method = params.method;
     if (method == "none") return nullptr;
-    if (method == "chain") {
-        if (!chain_drafter_) {
-            throw InvalidArgumentError("method 'chain' needs a draft model; load one or use method='none' or 'lookup'");
+    if (method == "lookup") return make_prompt_lookup_drafter(params.lookup);
+    if (method == "chain" || method == "tree" || method == "beam") {
+        if (!draft_) {
+            throw InvalidArgumentError("method '" + method +
+                                       "' needs a draft model; load one or use method='none' or 'lookup'");
         }
-        return chain_drafter_.get();
+        if (method == "chain") return make_model_chain_drafter(*draft_);
+        if (method == "tree") return make_model_tree_drafter(*draft_, params.tree);
+        return make_model_beam_drafter(*draft_, params.beam);
     }
-    if (method == "lookup") {
-        // Only its counters outlive a request (begin() rebuilds the index) and generate() reads
-        // counter differences, so other n-gram sizes just mean a new drafter.
-        const LookupParams& wanted = params.lookup;
-        if (wanted.ngram_max != lookup_params_.ngram_max || wanted.ngram_min != lookup_params_.ngram_min) {
-            lookup_drafter_ = make_prompt_lookup_drafter(wanted);
-            lookup_params_ = wanted;
-        }
-        return lookup_drafter_.get();
-    }
-    throw InvalidArgumentError("unknown method '" + method + "' (available: none, chain, lookup)");
+    throw InvalidArgumentError("unknown method '" + method + "' (available: none, chain, tree, beam, lookup)");
 }
 
 void Engine::validate(const std::vector<int32_t>& prompt, const GenerateParams& params) const {
@@ -225,7 +276,7 @@ void Engine::validate(const std::vector<int32_t>& prompt, const GenerateParams& 
     if (params.max_tokens < 0) throw InvalidArgumentError("max_tokens must be >= 0, got " + std::to_string(params.max_tokens));
     if (params.trace_top_k < 0) throw InvalidArgumentError("trace_top_k must be >= 0");
     const int32_t n_draft_limit = std::min({kMaxDraft, target_->params().n_batch - 1, n_ctx - 1});
-    if (params.method != "none" && (params.n_draft < 1 || params.n_draft > n_draft_limit)) {
+    if ((params.method == "chain" || params.method == "lookup") && (params.n_draft < 1 || params.n_draft > n_draft_limit)) {
         throw InvalidArgumentError("n_draft must be in [1, " + std::to_string(n_draft_limit) + "] for this context (n_ctx=" +
                                    std::to_string(n_ctx) + ", n_batch=" + std::to_string(target_->params().n_batch) +
                                    "), got " + std::to_string(params.n_draft));
@@ -234,71 +285,84 @@ void Engine::validate(const std::vector<int32_t>& prompt, const GenerateParams& 
         if (s.empty()) throw InvalidArgumentError("stop strings must not be empty");
     }
     if (params.method == "lookup") spec::validate(params.lookup);
+    if (params.method == "tree") spec::validate(params.tree);
+    if (params.method == "beam") spec::validate(params.beam);
+    if ((params.method == "tree" || params.method == "beam") &&
+        draft_shape(params).n_nodes > target_->params().n_batch - 1) {
+        throw InvalidArgumentError("a draft tree of up to " + std::to_string(draft_shape(params).n_nodes) +
+                                   " nodes does not fit n_batch=" + std::to_string(target_->params().n_batch));
+    }
+    if (params.acceptance != "exact" && params.acceptance != "typical") {
+        throw InvalidArgumentError("acceptance must be 'exact' or 'typical', got '" + params.acceptance + "'");
+    }
+    if (params.acceptance == "typical" && !(params.typical_epsilon > 0.0f && params.typical_delta > 0.0f)) {
+        throw InvalidArgumentError("typical_epsilon and typical_delta must be > 0");
+    }
 }
 
 GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const GenerateParams& params,
                                 const TextCallback& on_text) {
     check_open();
     validate(prompt, params);
-    Drafter* drafter = drafter_for(params);
+    const std::unique_ptr<Drafter> drafter_owner = make_drafter(params);
+    Drafter* drafter = drafter_owner.get();
     if (params.seed) rng_.reseed(*params.seed);
 
     const auto t_start = Clock::now();
     Request req(params, *target_, drafter, rng_);
     Stats& stats = req.result.stats;
     stats.n_prompt_tokens = int32_t(prompt.size());
-    stats.accept_histogram.assign(size_t(params.method == "none" ? 1 : params.n_draft + 1), 0);
+    const DraftShape shape = draft_shape(params);
+    stats.accept_histogram.assign(size_t(shape.depth + 1), 0);
     req.result.prompt_tokens = prompt;
-    const DrafterStats drafter_before = drafter ? drafter->stats() : DrafterStats{};
     prefill(req, prompt);
     stats.t_prefill_ms = ms_since(t_start);
 
     const int32_t n_ctx = target_->n_ctx();
+    const int32_t n_batch = target_->params().n_batch;
     std::vector<BatchToken> batch;
     bool running = params.max_tokens > 0;
     if (!running) req.result.finish_reason = "length";
     while (running) {
-        // Room: the pending token plus the draft must fit the window; the step adds at most
-        // n_draft + 1 tokens, so never draft past max_tokens.
+        // Room: the pending token plus the draft must fit the window; a path adds at most its
+        // depth + 1 tokens, so never draft deeper than max_tokens allows.
         if (req.n_past + 1 > n_ctx) {
             req.result.finish_reason = "length";
             break;
         }
         const int32_t n_remaining = params.max_tokens - int32_t(req.result.tokens.size());
-        const int32_t n_draft_max = std::min({params.n_draft, n_remaining - 1, n_ctx - req.n_past - 1});
+        const int32_t room = n_ctx - req.n_past - 1;
+        DraftRequest dreq{&req.committed, std::min({shape.depth, n_remaining - 1, room}), &params.sampling, &rng_,
+                          std::min({shape.n_nodes, room, n_batch - 1})};
 
         auto t0 = Clock::now();
-        req.draft.tokens.clear();
-        req.draft.probs.clear();
-        if (drafter && n_draft_max > 0) {
-            DraftRequest dreq{&req.committed, n_draft_max, &params.sampling, &rng_};
-            drafter->draft(dreq, req.draft);
-        }
+        req.draft.clear();
+        if (drafter && dreq.n_draft_max > 0 && dreq.n_nodes_max > 0) drafter->draft(dreq, req.draft);
         stats.t_draft_ms += ms_since(t0);
 
         t0 = Clock::now();
-        const int32_t n_draft = int32_t(req.draft.tokens.size());
-        batch.clear();
-        batch.push_back({req.committed.back(), req.n_past, {}, true});
-        for (int32_t i = 0; i < n_draft; ++i) batch.push_back({req.draft.tokens[size_t(i)], req.n_past + 1 + i, {}, true});
-        target_->decode(batch);
+        decode_draft(req, batch);
         ++stats.n_target_calls;
-        const ChainVerdict verdict = verify_step(req);
+        const TreeVerdict verdict = verify_step(req);
         stats.t_verify_ms += ms_since(t0);
 
         t0 = Clock::now();
+        const int32_t n_draft = int32_t(req.draft.tokens.size());
+        const int32_t n_accepted = int32_t(verdict.path.size());
         stats.n_drafted += n_draft;
-        stats.n_accepted += verdict.n_accepted;
-        ++stats.accept_histogram[size_t(verdict.n_accepted)];
+        stats.n_candidate_tokens += req.draft.n_candidate_tokens > 0 ? req.draft.n_candidate_tokens : n_draft;
+        stats.n_accepted += n_accepted;
+        ++stats.accept_histogram[size_t(std::min(n_accepted, shape.depth))];
         record_trace(req, verdict, int32_t(req.result.tokens.size()));
-        // Target KV keeps the pending token and the accepted draft tokens.
-        req.n_past += 1 + verdict.n_accepted;
-        target_->kv_remove(0, req.n_past, -1);
-        for (int32_t i = 0; i < verdict.n_accepted && running; ++i) {
-            running = commit_token(req, req.draft.tokens[size_t(i)], on_text);
+        keep_accepted(req, verdict);
+        int32_t row = 0;  // the target row that chose the next token: the root, then path nodes
+        for (int32_t i = 0; i < n_accepted && running; ++i) {
+            const int32_t node = verdict.path[size_t(i)];
+            running = commit_token(req, req.draft.tokens[size_t(node)], req.target.logits(row), on_text);
+            row = node + 1;
         }
-        if (running) running = commit_token(req, verdict.next_token, on_text);
-        if (drafter) drafter->accept(req.committed, verdict.n_accepted);
+        if (running) running = commit_token(req, verdict.next_token, req.target.logits(row), on_text);
+        if (drafter && running) drafter->accept(req.committed, n_accepted);
         stats.t_other_ms += ms_since(t0);
     }
 
@@ -306,7 +370,7 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
     if (!tail.empty() && on_text && req.result.finish_reason != "cancelled") on_text(tail);
     req.result.text = utf8_sanitize(req.text.text());
     stats.n_generated = int32_t(req.result.tokens.size());
-    if (drafter) stats.n_draft_decodes = int32_t(drafter->stats().n_model_decodes - drafter_before.n_model_decodes);
+    if (drafter) stats.n_draft_decodes = int32_t(drafter->stats().n_model_decodes);
     stats.t_total_ms = ms_since(t_start);
     return std::move(req.result);
 }

@@ -1,11 +1,13 @@
-// Chain verification: greedy, and exact rejection sampling over probability rows.
+// Verification of chains and trees: greedy, exact rejection sampling, typical acceptance.
 #include "spec/verify.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "spec/error.h"
 #include "spec/sampling.h"
+#include "spec/tree.h"
 
 namespace spec {
 
@@ -19,7 +21,152 @@ void check_token(int32_t token, int32_t n_vocab, size_t position) {
     }
 }
 
+// children[r]: nodes whose parent is row r - 1 (r = 0: the root), in proposal order.
+std::vector<std::vector<int32_t>> children_by_row(const std::vector<int32_t>& parents) {
+    std::vector<std::vector<int32_t>> children(parents.size() + 1);
+    for (size_t i = 0; i < parents.size(); ++i) children[size_t(parents[i] + 1)].push_back(int32_t(i));
+    return children;
+}
+
+void check_tree_args(const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents, int32_t n_vocab,
+                     const char* who) {
+    if (tokens.size() != parents.size()) {
+        throw InvalidArgumentError(std::string(who) + ": " + std::to_string(tokens.size()) + " tokens but " +
+                                   std::to_string(parents.size()) + " parents");
+    }
+    if (n_vocab <= 0) throw InvalidArgumentError(std::string(who) + ": n_vocab must be > 0, got " + std::to_string(n_vocab));
+    validate_tree(parents);
+    for (size_t i = 0; i < tokens.size(); ++i) check_token(tokens[i], n_vocab, i);
+}
+
+ChainVerdict to_chain(const TreeVerdict& verdict) {
+    return {int32_t(verdict.path.size()), verdict.next_token, verdict.is_bonus};
+}
+
 }  // namespace
+
+TreeVerdict verify_tree_greedy(const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents,
+                               const std::vector<int32_t>& target_argmax) {
+    if (target_argmax.size() != tokens.size() + 1) {
+        throw InvalidArgumentError("verify_tree_greedy: need n + 1 = " + std::to_string(tokens.size() + 1) +
+                                   " target tokens, got " + std::to_string(target_argmax.size()));
+    }
+    if (tokens.size() != parents.size()) {
+        throw InvalidArgumentError("verify_tree_greedy: " + std::to_string(tokens.size()) + " tokens but " +
+                                   std::to_string(parents.size()) + " parents");
+    }
+    validate_tree(parents);
+    const auto children = children_by_row(parents);
+    TreeVerdict verdict;
+    size_t row = 0;
+    for (;;) {
+        const int32_t want = target_argmax[row];
+        int32_t next = -1;
+        for (int32_t c : children[row]) {
+            if (tokens[size_t(c)] == want) {
+                next = c;
+                break;
+            }
+        }
+        if (next < 0) {
+            verdict.next_token = want;
+            verdict.is_bonus = children[row].empty();
+            return verdict;
+        }
+        verdict.path.push_back(next);
+        row = size_t(next) + 1;
+    }
+}
+
+TreeVerdict verify_tree_rejection(const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents,
+                                  const float* target_probs, const float* draft_probs, int32_t n_vocab,
+                                  Rng& rng, std::vector<float>& residual) {
+    check_tree_args(tokens, parents, n_vocab, "verify_tree_rejection");
+    const auto children = children_by_row(parents);
+    const size_t row_size = size_t(n_vocab);
+    TreeVerdict verdict;
+    size_t row = 0;
+    for (;;) {
+        const float* p = target_probs + row * row_size;  // the current target: row, then residuals
+        bool residual_in_use = false;
+        int32_t next = -1;
+        for (int32_t c : children[row]) {
+            const int32_t x = tokens[size_t(c)];
+            const float* q = draft_probs ? draft_probs + size_t(c) * row_size : nullptr;
+            const float q_x = q ? q[x] : 1.0f;
+            // Accept with probability min(1, p/q), as u * q < p to avoid the division. A token q
+            // never proposes (q == 0) cannot really have been drawn; accept it iff p allows it.
+            const double u = rng.uniform();
+            const bool accept = q_x > 0.0f ? u * q_x < p[x] : p[x] > 0.0f;
+            if (accept) {
+                next = c;
+                break;
+            }
+            // p <- norm(max(0, p - q)); with a one-hot q only p(x) changes.
+            double mass = 0.0;
+            if (q) {
+                for (size_t j = 0; j < row_size; ++j) mass += std::max(0.0f, p[j] - q[j]);
+            } else {
+                for (size_t j = 0; j < row_size; ++j) mass += p[j];
+                mass -= p[x];
+            }
+            // A rejection that leaves nothing (only through rounding, or a q == 0 candidate):
+            // p itself is then the right distribution; keep it.
+            if (mass <= 0.0) continue;
+            if (!residual_in_use) {
+                residual.assign(p, p + row_size);
+                p = residual.data();
+                residual_in_use = true;
+            }
+            const float inv = float(1.0 / mass);
+            if (q) {
+                for (size_t j = 0; j < row_size; ++j) residual[j] = std::max(0.0f, residual[j] - q[j]) * inv;
+            } else {
+                residual[size_t(x)] = 0.0f;
+                for (size_t j = 0; j < row_size; ++j) residual[j] *= inv;
+            }
+        }
+        if (next < 0) {
+            verdict.is_bonus = children[row].empty();
+            verdict.next_token = sample_from(p, n_vocab, rng);
+            return verdict;
+        }
+        verdict.path.push_back(next);
+        row = size_t(next) + 1;
+    }
+}
+
+TreeVerdict verify_tree_typical(const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents,
+                                const float* target_probs, int32_t n_vocab, float epsilon, float delta,
+                                Rng& rng) {
+    check_tree_args(tokens, parents, n_vocab, "verify_tree_typical");
+    const auto children = children_by_row(parents);
+    const size_t row_size = size_t(n_vocab);
+    TreeVerdict verdict;
+    size_t row = 0;
+    for (;;) {
+        const float* p = target_probs + row * row_size;
+        double entropy = 0.0;
+        for (size_t j = 0; j < row_size; ++j) {
+            if (p[j] > 0.0f) entropy -= double(p[j]) * std::log(double(p[j]));
+        }
+        const double threshold = std::min(double(epsilon), double(delta) * std::exp(-entropy));
+        int32_t next = -1;
+        for (int32_t c : children[row]) {
+            if (double(p[size_t(tokens[size_t(c)])]) > threshold) {
+                next = c;
+                break;
+            }
+        }
+        if (next < 0) {
+            verdict.is_bonus = children[row].empty();
+            verdict.next_token = sample_from(p, n_vocab, rng);
+            return verdict;
+        }
+        verdict.path.push_back(next);
+        row = size_t(next) + 1;
+    }
+}
 
 ChainVerdict verify_chain_greedy(const std::vector<int32_t>& draft_tokens,
                                  const std::vector<int32_t>& target_argmax) {
@@ -28,15 +175,7 @@ ChainVerdict verify_chain_greedy(const std::vector<int32_t>& draft_tokens,
                                    std::to_string(draft_tokens.size() + 1) +
                                    " target tokens, got " + std::to_string(target_argmax.size()));
     }
-    ChainVerdict verdict;
-    const int32_t n_draft = int32_t(draft_tokens.size());
-    while (verdict.n_accepted < n_draft &&
-           draft_tokens[verdict.n_accepted] == target_argmax[verdict.n_accepted]) {
-        ++verdict.n_accepted;
-    }
-    verdict.next_token = target_argmax[verdict.n_accepted];
-    verdict.is_bonus = verdict.n_accepted == n_draft;
-    return verdict;
+    return to_chain(verify_tree_greedy(draft_tokens, chain_parents(int32_t(draft_tokens.size())), target_argmax));
 }
 
 ChainVerdict verify_chain_rejection(const std::vector<int32_t>& draft_tokens,
@@ -46,40 +185,8 @@ ChainVerdict verify_chain_rejection(const std::vector<int32_t>& draft_tokens,
         throw InvalidArgumentError("verify_chain_rejection: n_vocab must be > 0, got " +
                                    std::to_string(n_vocab));
     }
-    const size_t row_size = size_t(n_vocab);
-    ChainVerdict verdict;
-    for (size_t i = 0; i < draft_tokens.size(); ++i) {
-        const int32_t token = draft_tokens[i];
-        check_token(token, n_vocab, i);
-        const float* p = target_probs + i * row_size;
-        const float* q = draft_probs + i * row_size;
-
-        // Accept with probability min(1, p/q), as u * q < p to avoid the division. A token q
-        // never proposes (q == 0) cannot really have been drawn; accept it iff the target allows
-        // it at all.
-        const double u = rng.uniform();
-        const bool accept = q[token] > 0.0f ? u * q[token] < p[token] : p[token] > 0.0f;
-        if (accept) {
-            ++verdict.n_accepted;
-            continue;
-        }
-
-        // Recovered token from norm(max(0, p - q)): the mass p has where q over-proposed less.
-        residual.resize(row_size);
-        double residual_mass = 0.0;
-        for (size_t j = 0; j < row_size; ++j) {
-            residual[j] = std::max(0.0f, p[j] - q[j]);
-            residual_mass += residual[j];
-        }
-        // A rejection with p == q (only possible through rounding, or a q == 0 draft token)
-        // leaves nothing in the residual; p itself is then the right distribution.
-        verdict.next_token = residual_mass > 0.0 ? sample_from(residual.data(), n_vocab, rng)
-                                                 : sample_from(p, n_vocab, rng);
-        return verdict;
-    }
-    verdict.is_bonus = true;
-    verdict.next_token = sample_from(target_probs + draft_tokens.size() * row_size, n_vocab, rng);
-    return verdict;
+    return to_chain(verify_tree_rejection(draft_tokens, chain_parents(int32_t(draft_tokens.size())),
+                                          target_probs, draft_probs, n_vocab, rng, residual));
 }
 
 }  // namespace spec

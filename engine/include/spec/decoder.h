@@ -21,10 +21,19 @@ struct GenerateParams {
     int32_t max_tokens = 256;
     SamplingParams sampling;
     std::vector<std::string> stop;
-    std::string method = "chain";  // "none" | "chain" | "lookup"
-    int32_t n_draft = 4;           // longest chain proposed per step
+    std::string method = "chain";  // "none" | "chain" | "tree" | "beam" | "lookup"
+    int32_t n_draft = 4;           // longest chain proposed per step (chain, lookup)
+    TreeParams tree;               // method "tree"
+    BeamParams beam;               // method "beam"
     LookupParams lookup;           // n-gram sizes of method "lookup"
+    // How sampled drafts are verified: "exact" (rejection sampling, the target's distribution)
+    // or "typical" (Medusa's typical acceptance: LOSSY, accepts x when p(x) > min(epsilon,
+    // delta * exp(-H(p))); see verify_tree_typical). Greedy decoding ignores it.
+    std::string acceptance = "exact";
+    float typical_epsilon = 0.09f;
+    float typical_delta = 0.3f;
     int32_t trace_top_k = 32;      // target top-k kept at each rejected position; 0: no trace
+    bool return_logits = false;    // keep the target's logits row behind every generated token
     std::optional<uint64_t> seed;  // reseed the engine's RNG for this request
 };
 
@@ -32,14 +41,19 @@ struct Stats {
     int32_t n_prompt_tokens = 0;
     int32_t n_generated = 0;       // tokens in the result
     int32_t n_target_calls = 0;    // target decodes after prefill (one per step)
-    int32_t n_drafted = 0;         // draft tokens proposed
+    int32_t n_drafted = 0;         // draft tokens proposed (tree nodes for trees)
+    int32_t n_candidate_tokens = 0;  // tokens drafted before compression (beam: K * L per step)
     int32_t n_accepted = 0;        // draft tokens accepted
     int32_t n_draft_decodes = 0;   // draft model decodes (0 for model-free drafting)
-    std::vector<int32_t> accept_histogram;  // [n_draft + 1] steps that accepted i draft tokens
+    std::vector<int32_t> accept_histogram;  // [max depth + 1] steps that accepted i draft tokens
     double t_prefill_ms = 0, t_draft_ms = 0, t_verify_ms = 0, t_other_ms = 0;
     double t_total_ms = 0;         // prefill + generation
 
     double acceptance_rate() const { return n_drafted ? double(n_accepted) / n_drafted : 0.0; }
+    double mean_draft_size() const { return n_target_calls ? double(n_drafted) / n_target_calls : 0.0; }
+    double mean_accepted_depth() const { return n_target_calls ? double(n_accepted) / n_target_calls : 0.0; }
+    // Beam tokens per tree node (1 for chains and trees).
+    double compression_ratio() const { return n_drafted ? double(n_candidate_tokens) / n_drafted : 0.0; }
     double tokens_per_target_call() const {
         return n_target_calls ? double(n_generated) / n_target_calls : 0.0;
     }
@@ -53,7 +67,9 @@ struct Stats {
 // One verification step, for the online trainer.
 struct StepTrace {
     int32_t position = 0;                // index in the generated tokens of the first draft token
-    std::vector<int32_t> draft_tokens;   // [n_draft_this_step]
+    // [n] chains: the whole draft; trees: the accepted path, then (when rejected) the first
+    // candidate tried at the rejected position
+    std::vector<int32_t> draft_tokens;
     int32_t n_accepted = 0;
     int32_t target_token = 0;            // the recovered or bonus token the target added
     bool rejected = false;               // a draft token was rejected at position + n_accepted
@@ -68,6 +84,8 @@ struct GenerateResult {
     std::string finish_reason;           // "stop" | "length" | "cancelled"
     Stats stats;
     std::vector<StepTrace> trace;
+    std::vector<float> logits;           // [n_tokens, n_vocab] when return_logits: the target row
+                                         // each generated token was chosen from
 };
 
 // Called with each newly safe piece of text; return false to cancel the generation.
@@ -80,7 +98,8 @@ struct EngineParams {
 
 class Engine {
 public:
-    // draft_path empty: no draft model (only the model-free methods none and lookup). Throws on
+    // draft_path empty: no draft model (only the model-free methods none and lookup). Both contexts
+    // get kMaxTreeSeqs sequences (spec/tree.h) for tree drafts. Throws on
     // load errors and on a target/draft vocabulary mismatch, before any generation.
     Engine(const std::string& target_path, const std::string& draft_path, const EngineParams& params);
     ~Engine();
@@ -107,14 +126,11 @@ public:
 private:
     void check_open() const;
     void validate(const std::vector<int32_t>& prompt_tokens, const GenerateParams& params) const;
-    Drafter* drafter_for(const GenerateParams& params);
+    std::unique_ptr<Drafter> make_drafter(const GenerateParams& params);
 
     EngineParams params_;
     std::unique_ptr<Model> target_;
     std::unique_ptr<Model> draft_;
-    std::unique_ptr<Drafter> chain_drafter_;
-    std::unique_ptr<Drafter> lookup_drafter_;  // built for lookup_params_, rebuilt when they change
-    LookupParams lookup_params_;
     Rng rng_;
 };
 

@@ -17,16 +17,31 @@ class Model;
 
 struct DraftRequest {
     const std::vector<int32_t>* tokens = nullptr;  // committed sequence: prompt + generated so far
-    int32_t n_draft_max = 0;                       // propose at most this many tokens
+    int32_t n_draft_max = 0;                       // propose at most this many tokens in a row (depth)
     const SamplingParams* sampling = nullptr;      // the target's sampling transform (q must match)
     Rng* rng = nullptr;
+    int32_t n_nodes_max = 0;                       // tree drafters: at most this many nodes in all
 };
 
+// A chain or a tree of proposed tokens (spec/tree.h).
 struct Draft {
-    std::vector<int32_t> tokens;  // [n] the proposed chain
+    std::vector<int32_t> tokens;   // [n] the proposed tokens
+    // [n] parent of each token (-1: the last committed token), parents before children, siblings
+    // in the order verification should try them. Empty: a chain (parent of i is i - 1).
+    std::vector<int32_t> parents;
     // [n, n_vocab] row i: the distribution tokens[i] was drawn from. Empty when the proposal is
-    // deterministic (greedy drafting, lookup): verification then treats q as one-hot.
+    // deterministic (greedy drafting, top-k trees, beams, lookup): q is then one-hot.
     std::vector<float> probs;
+    // Tokens the drafter considered before compressing them into this draft (beam search: the
+    // beams' K * L tokens); 0 means tokens.size().
+    int32_t n_candidate_tokens = 0;
+
+    void clear() {
+        tokens.clear();
+        parents.clear();
+        probs.clear();
+        n_candidate_tokens = 0;
+    }
 };
 
 struct DrafterStats {
@@ -44,7 +59,8 @@ public:
     virtual void begin(const std::vector<int32_t>& prompt) = 0;
     // Proposes up to request.n_draft_max tokens that follow *request.tokens.
     virtual void draft(const DraftRequest& request, Draft& out) = 0;
-    // The target accepted the first n_accepted tokens of the last draft; committed is the new
+    // The target accepted n_accepted tokens of the last draft (a chain prefix, or a path from the
+    // root of a tree: the last n_accepted + 1 tokens of committed name it); committed is the new
     // committed sequence (it ends with the recovered/bonus token, not yet seen by the drafter).
     virtual void accept(const std::vector<int32_t>& committed, int32_t n_accepted) = 0;
     virtual DrafterStats stats() const = 0;
@@ -54,6 +70,38 @@ public:
 // target: rejected draft tokens are dropped, committed tokens it has not seen are fed on the next
 // draft() call together with the first draft decode.
 std::unique_ptr<Drafter> make_model_chain_drafter(Model& draft_model);
+
+// Settings of the draft-model tree drafter.
+struct TreeParams {
+    int32_t n_nodes = 16;    // node budget of one tree (<= kMaxTreeNodes)
+    int32_t depth = 6;       // longest path
+    int32_t branching = 4;   // children considered per expanded node (draft top-k)
+    int32_t n_expand = 4;    // frontier nodes expanded together in one draft decode
+};
+
+// A draft model growing a token tree best-first (EAGLE-2's confidence-guided expansion): a node's
+// score is the product of draft probabilities along its path; each draft decode expands the
+// n_expand best-scoring frontier nodes at once (one batch, each node in its own KV sequence that
+// shares its ancestors' cells), adding their top `branching` tokens to the frontier, until the
+// tree has n_nodes nodes or depth is reached. Children are chosen deterministically (top-k), so
+// the draft is deterministic (one-hot q) and exact under sampling too. The accepted path's KV
+// cells are kept for the next step; every other branch is dropped.
+std::unique_ptr<Drafter> make_model_tree_drafter(Model& draft_model, const TreeParams& params);
+
+// Settings of the beam-search drafter.
+struct BeamParams {
+    int32_t n_beams = 4;  // K (K * (length - 1) <= kMaxTreeNodes)
+    int32_t length = 5;   // L
+};
+
+// ReDrafter-style beam search with the draft model: K beams of L tokens scored by summed draft
+// log-probabilities, one draft decode per beam step (all K beams in one batch), then compressed
+// into a tree with prefix_match (spec/tree.h) and verified in one target call. Deterministic.
+std::unique_ptr<Drafter> make_model_beam_drafter(Model& draft_model, const BeamParams& params);
+
+// Throw InvalidArgumentError naming the bad field.
+void validate(const TreeParams& params);
+void validate(const BeamParams& params);
 
 // Settings of the prompt-lookup drafter. Matches of ngram_max tokens are tried first, then
 // shorter ones down to ngram_min; 1 <= ngram_min <= ngram_max <= kLookupNgramLimit.

@@ -19,6 +19,8 @@ struct ChainVerdict {
     bool is_bonus = false;     // true when all draft tokens were accepted
 };
 
+// The chain functions are the tree functions on a chain (parents[i] = i - 1).
+
 // Greedy chain: accept draft[i] while it equals target_argmax[i]; next_token is
 // target_argmax[n_accepted].
 // draft_tokens: [n_draft], target_argmax: [n_draft + 1]
@@ -37,5 +39,64 @@ ChainVerdict verify_chain_greedy(const std::vector<int32_t>& draft_tokens,
 ChainVerdict verify_chain_rejection(const std::vector<int32_t>& draft_tokens,
                                     const float* target_probs, const float* draft_probs,
                                     int32_t n_vocab, Rng& rng, std::vector<float>& residual);
+
+// ---- Trees ----------------------------------------------------------------------------------
+//
+// A tree draft (spec/tree.h): tokens [n], parents [n]. Target rows are indexed like the batch:
+// row 0 is the root (the last committed token), row i + 1 is node i, so row r is the target's
+// distribution for the token that follows the path to r.
+
+struct TreeVerdict {
+    std::vector<int32_t> path;  // accepted nodes, root to deepest; n_accepted = path.size()
+    int32_t next_token = -1;    // recovered token (at a rejection) or bonus token (at a leaf)
+    bool is_bonus = false;      // true when the deepest accepted node has no children
+};
+
+// Greedy: from the root, descend into the child whose token is the target's argmax at the
+// current node (siblings never repeat a token in a useful tree; the first match wins), until
+// none matches; next_token is the argmax there.
+// target_argmax: [n + 1]
+TreeVerdict verify_tree_greedy(const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents,
+                               const std::vector<int32_t>& target_argmax);
+
+// Exact multi-candidate rejection sampling (SpecInfer's multi-step rule, generalised to
+// per-candidate proposals). At the current node, with target distribution p, try the children
+// c_1, c_2, ... in order; child c_k's token x_k was drawn from q_k (its draft_probs row; q_k may
+// depend on the earlier siblings, e.g. drawn without replacement; one-hot for a deterministic
+// candidate). Accept x_k with probability min(1, p(x_k) / q_k(x_k)) and descend into c_k with
+// the target's row of c_k; on a rejection set p <- norm(max(0, p - q_k)) and try the next child.
+// When every child is rejected, the recovered token is drawn from the last p; at a leaf, the
+// bonus token is drawn from the leaf's row.
+//
+// Why the output is distributed exactly as p: one trial is the chain rule. For any y,
+//   P(output y) = P(x_k = y, accepted) + P(rejected) * P(later output y | rejected)
+//              = min(p(y), q_k(y)) + (1 - sum_z min(p(z), q_k(z))) * r(y),
+// with r = norm(max(0, p - q_k)) (its normaliser is exactly that rejection probability) if, given
+// the rejection of x_k, the rest outputs y with probability r(y). Since min(p, q) + max(0, p - q)
+// = p, the sum is p(y). "The rest" is the same procedure started with target r and the next
+// children, so by induction on the number of children left (the base case, no child, draws from
+// the current target directly) every trial outputs its current target distribution. The later
+// proposal q_{k+1} may depend on x_k, because the argument holds for each value of x_k
+// separately and r does not depend on x_k. An accepted child x is then distributed as p
+// restricted to the event of acceptance, and the next token below it comes from the target's
+// row of that child, the conditional p(. | path, x): by the chain rule the whole accepted path
+// plus the final token is a draw from the target. A one-hot candidate (deterministic proposal)
+// is accepted with probability p(x), and on rejection x leaves the residual entirely.
+// target_probs: [n + 1, n_vocab] row-major float32 (row 0: root, row i + 1: node i)
+// draft_probs:  [n, n_vocab] (row i: the distribution token i was drawn from), or nullptr when
+//               every candidate is deterministic (q one-hot at its token)
+// residual: scratch buffer, resized to n_vocab
+TreeVerdict verify_tree_rejection(const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents,
+                                  const float* target_probs, const float* draft_probs, int32_t n_vocab,
+                                  Rng& rng, std::vector<float>& residual);
+
+// Typical acceptance (Medusa): at the current node with target distribution p, accept the first
+// child whose token has p(x) > min(epsilon, delta * exp(-H(p))); when none qualifies, or at a
+// leaf, the next token is drawn from p. LOSSY: the output is not distributed as the target's
+// (it favours candidates the drafter proposed); opt-in only, for sampling at temperature > 0.
+// target_probs: [n + 1, n_vocab]
+TreeVerdict verify_tree_typical(const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents,
+                                const float* target_probs, int32_t n_vocab, float epsilon, float delta,
+                                Rng& rng);
 
 }  // namespace spec

@@ -1,0 +1,69 @@
+// Token trees: the shape of a multi-candidate draft, its layout in one llama_batch, and the
+// compression of beam-search results into a tree. Pure functions over index arrays, no model.
+//
+// A tree of n nodes is given by `parents` ([n]): parents[i] is the node that token i follows, or
+// -1 when it follows the root (the last committed token, not itself a node). Parents come first
+// (parents[i] < i), and siblings are in the order the drafter proposes them, which is the order
+// verification tries them in. A chain is the tree with parents[i] = i - 1.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace spec {
+
+// Sequences one target call can address: 1 for the committed sequence plus one per leaf of the
+// tree. llama.cpp allows up to 256 (LLAMA_MAX_SEQ); 64 keeps the per-cell bookkeeping small and
+// is far above the trees worth verifying on a CPU. Trees are limited to kMaxTreeNodes nodes,
+// which bounds their leaves as well.
+constexpr int32_t kMaxTreeSeqs = 64;
+constexpr int32_t kMaxTreeNodes = kMaxTreeSeqs - 1;
+
+// Throws InvalidArgumentError naming the first bad entry unless every parents[i] is in [-1, i).
+void validate_tree(const std::vector<int32_t>& parents);
+
+// parents of a chain of n nodes: {-1, 0, 1, ..., n-2}.
+std::vector<int32_t> chain_parents(int32_t n);
+
+// Depth of each node: 0 for a child of the root.
+// returns: [n]
+std::vector<int32_t> tree_depths(const std::vector<int32_t>& parents);
+
+// How the root and the nodes go into one batch on top of the committed sequence (sequence 0).
+// Each leaf gets its own sequence id 1..n_leaves; a node belongs to the sequences of the leaves
+// below it, so a query at a node sees exactly its ancestors (llama.cpp masks a query by its first
+// sequence id, listed first here: the lowest leaf below the node). The root belongs to sequence 0
+// and every leaf sequence. A chain (one leaf) needs no extra sequence: everything is sequence 0.
+// Before the batch is decoded every leaf sequence must also hold the committed tokens (copy
+// sequence 0 into it).
+struct TreeBatchLayout {
+    std::vector<int32_t> depth;                 // [n] node i goes at position n_past + 1 + depth[i]
+    std::vector<std::vector<int32_t>> seq_ids;  // [n] sequence ids of node i, lowest leaf first
+    std::vector<int32_t> root_seq_ids;          // sequence ids of the root
+    std::vector<int32_t> leaf_seq;              // [n] the first sequence id of node i
+    int32_t n_leaves = 0;                       // leaf sequences used (0 for a chain)
+};
+
+TreeBatchLayout layout_tree(const std::vector<int32_t>& parents);
+
+// ReDrafter's get_prefix_match: for beams [n_beams, length] (row-major), match[i][j] is the
+// smallest beam index k whose first j + 1 tokens equal beam i's first j + 1 tokens (so k <= i,
+// and k == i means beam i's prefix of length j + 1 is new). Computed with whole-array operations
+// as in the paper: an equality tensor, a cumulative sum along the length, and the first index
+// whose count of matches equals j + 1; no trie walk.
+// beams: [n_beams * length], returns: [n_beams * length]
+std::vector<int32_t> prefix_match(const std::vector<int32_t>& beams, int32_t n_beams, int32_t length);
+
+// Beams compressed into a tree: one node per distinct prefix, in beam-major order.
+struct BeamTree {
+    std::vector<int32_t> tokens;   // [n_nodes]
+    std::vector<int32_t> parents;  // [n_nodes]
+    std::vector<int32_t> node_of;  // [n_beams * length] the node holding beams[i][j]
+};
+
+// Builds the tree from prefix_match: beams[i][j] is a new node iff match[i][j] == i, and its
+// parent is the node of beams[i][j - 1]. The compression ratio is n_beams * length / n_nodes.
+// beams: [n_beams * length]
+BeamTree beams_to_tree(const std::vector<int32_t>& beams, int32_t n_beams, int32_t length);
+
+}  // namespace spec

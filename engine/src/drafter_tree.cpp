@@ -1,0 +1,400 @@
+// Draft model, tree proposals: best-first token trees and beam search. Both keep the draft's KV
+// cache in step with the target the same way (DraftTreeKv below).
+#include <algorithm>
+#include <cmath>
+#include <queue>
+#include <string>
+#include <vector>
+
+#include "spec/drafter.h"
+#include "spec/error.h"
+#include "spec/model.h"
+#include "spec/tree.h"
+
+namespace spec {
+namespace {
+
+// The draft's KV cache during tree drafting. Sequence 0 holds committed tokens [0, n_past).
+// Every decoded node gets a sequence of its own, made by copying its parent's sequence first, so
+// it holds the committed tokens, the node's ancestors and the node: a query at the node sees
+// exactly that. After verification the accepted path is copied into sequence 0 and every node
+// sequence dropped.
+class DraftTreeKv {
+public:
+    explicit DraftTreeKv(Model& model) : model_(model) {}
+
+    struct NewNode {
+        int32_t token;
+        int32_t parent_seq;  // 0: a child of the root
+        int32_t depth;       // 0: a child of the root
+    };
+
+    void begin(const std::vector<int32_t>& prompt, DrafterStats& stats) {
+        model_.kv_clear();
+        next_seq_ = 1;
+        // Prefill all but the last prompt token; feed() decodes the rest with the root.
+        const int32_t n_prefill = int32_t(prompt.size()) - 1;
+        const int32_t n_batch = model_.params().n_batch;
+        for (int32_t i = 0; i < n_prefill; i += n_batch) {
+            model_.decode_seq(prompt.data() + i, std::min(n_batch, n_prefill - i), i, false);
+            ++stats.n_model_decodes;
+        }
+        n_past_ = std::max(n_prefill, 0);
+    }
+
+    // Decodes the committed tokens not yet in sequence 0; the last one is the root. Returns the
+    // root's logits row ([n_vocab], valid until the next decode).
+    const float* feed(const std::vector<int32_t>& committed, DrafterStats& stats) {
+        const int32_t n = int32_t(committed.size()) - n_past_;
+        if (n <= 0) throw InvalidArgumentError("draft tree: no new committed token to draft from");
+        model_.decode_seq(committed.data() + n_past_, n, n_past_, false);
+        ++stats.n_model_decodes;
+        n_past_ = int32_t(committed.size());
+        return model_.logits(0);
+    }
+
+    // Decodes nodes in one batch; returns the sequence given to each. Logits row i of the model
+    // belongs to nodes[i].
+    std::vector<int32_t> decode(const std::vector<NewNode>& nodes, DrafterStats& stats) {
+        std::vector<int32_t> seqs;
+        batch_.clear();
+        for (const NewNode& node : nodes) {
+            if (next_seq_ >= model_.params().n_seq_max) {
+                throw InvalidArgumentError("draft tree needs more than n_seq_max=" +
+                                           std::to_string(model_.params().n_seq_max) + " sequences");
+            }
+            const int32_t seq = next_seq_++;
+            model_.kv_copy(node.parent_seq, seq);
+            seqs.push_back(seq);
+            batch_.push_back({node.token, n_past_ + node.depth, {seq}, true});
+        }
+        model_.decode(batch_);
+        ++stats.n_model_decodes;
+        return seqs;
+    }
+
+    // Keeps the first n_path tokens of node sequence `seq` (its path below the root) as committed
+    // tokens of sequence 0, and drops every node sequence.
+    void keep_path(int32_t seq, int32_t n_path) {
+        if (seq > 0 && n_path > 0) {
+            model_.kv_copy(seq, 0, n_past_, n_past_ + n_path);
+            n_past_ += n_path;
+        }
+        if (next_seq_ > 1) model_.kv_keep(0);
+        next_seq_ = 1;
+    }
+
+private:
+    Model& model_;
+    int32_t n_past_ = 0;  // committed tokens in sequence 0
+    int32_t next_seq_ = 1;
+    std::vector<BatchToken> batch_;
+};
+
+// The distribution the tree drafters rank tokens by: the sampling transform for sampled
+// decoding (so candidates are ones the target can emit), plain softmax for greedy.
+void draft_distribution(const float* logits, int32_t n_vocab, const SamplingParams& sampling,
+                        std::vector<float>& probs, std::vector<int32_t>& scratch) {
+    if (sampling.greedy()) {
+        softmax(logits, n_vocab, probs);
+    } else {
+        compute_probs(logits, n_vocab, sampling, probs, scratch);
+    }
+}
+
+// Walks the last draft tree along the accepted tokens (the n_accepted tokens before the last of
+// committed); returns the deepest accepted node, -1 when none.
+int32_t accepted_node(const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents,
+                      const std::vector<int32_t>& committed, int32_t n_accepted) {
+    const size_t first = committed.size() - 1 - size_t(n_accepted);
+    int32_t node = -1;
+    for (int32_t j = 0; j < n_accepted; ++j) {
+        const int32_t want = committed[first + size_t(j)];
+        int32_t next = -1;
+        for (size_t c = 0; c < tokens.size(); ++c) {
+            if (parents[c] == node && tokens[c] == want) {
+                next = int32_t(c);
+                break;
+            }
+        }
+        if (next < 0) throw InvalidArgumentError("draft tree: the accepted tokens are not a path of the last draft");
+        node = next;
+    }
+    return node;
+}
+
+// Common part of the two tree drafters: the KV bookkeeping of the accepted path.
+class ModelTreeDrafterBase : public Drafter {
+public:
+    explicit ModelTreeDrafterBase(Model& model) : model_(model), kv_(model) {}
+
+    void begin(const std::vector<int32_t>& prompt) override {
+        kv_.begin(prompt, stats_);
+        last_tokens_.clear();
+        last_parents_.clear();
+        node_seq_.clear();
+    }
+
+    void accept(const std::vector<int32_t>& committed, int32_t n_accepted) override {
+        stats_.n_accepted += n_accepted;
+        // The accepted nodes that were decoded are a prefix of the path (a node is decoded only
+        // to grow children); keep them, feed the rest with the next root.
+        int32_t node = accepted_node(last_tokens_, last_parents_, committed, n_accepted);
+        int32_t depth = n_accepted;
+        while (node >= 0 && node_seq_[size_t(node)] == 0) {
+            node = last_parents_[size_t(node)];
+            --depth;
+        }
+        kv_.keep_path(node >= 0 ? node_seq_[size_t(node)] : 0, depth);
+    }
+
+    DrafterStats stats() const override { return stats_; }
+
+protected:
+    Model& model_;
+    DraftTreeKv kv_;
+    DrafterStats stats_;
+    std::vector<int32_t> last_tokens_, last_parents_;  // [n] the last draft
+    std::vector<int32_t> node_seq_;                    // [n] KV sequence of each node, 0: not decoded
+    std::vector<float> probs_;                         // [n_vocab]
+    std::vector<int32_t> scratch_, top_ids_;
+    std::vector<float> top_probs_;
+};
+
+class ModelTreeDrafter final : public ModelTreeDrafterBase {
+public:
+    ModelTreeDrafter(Model& model, const TreeParams& params) : ModelTreeDrafterBase(model), params_(params) {}
+
+    std::string name() const override { return "draft-model-tree"; }
+
+    void draft(const DraftRequest& request, Draft& out) override {
+        out.clear();
+        ++stats_.n_draft_calls;
+        const int32_t n_vocab = model_.n_vocab();
+        const int32_t n_nodes_max = std::min(params_.n_nodes, request.n_nodes_max);
+        const int32_t depth_max = std::min(params_.depth, request.n_draft_max);
+        const float* root_logits = kv_.feed(*request.tokens, stats_);
+        node_seq_.clear();
+        if (n_nodes_max > 0 && depth_max > 0) {
+            std::priority_queue<Candidate> frontier;
+            push_children(root_logits, n_vocab, -1, 0, 1.0, *request.sampling, frontier);
+            std::vector<int32_t> expand;  // nodes to decode this round
+            std::vector<DraftTreeKv::NewNode> batch;
+            while (int32_t(out.tokens.size()) < n_nodes_max && !frontier.empty()) {
+                expand.clear();
+                while (int32_t(expand.size()) < params_.n_expand && !frontier.empty() &&
+                       int32_t(out.tokens.size()) < n_nodes_max) {
+                    const Candidate c = frontier.top();
+                    frontier.pop();
+                    const int32_t node = int32_t(out.tokens.size());
+                    out.tokens.push_back(c.token);
+                    out.parents.push_back(c.parent);
+                    depth_.resize(size_t(node) + 1);
+                    score_.resize(size_t(node) + 1);
+                    depth_[size_t(node)] = c.depth;
+                    score_[size_t(node)] = c.score;
+                    node_seq_.push_back(0);
+                    if (c.depth + 1 < depth_max && !model_.is_eog(c.token)) expand.push_back(node);
+                }
+                if (int32_t(out.tokens.size()) >= n_nodes_max || expand.empty()) continue;
+                batch.clear();
+                for (int32_t node : expand) {
+                    const int32_t parent = out.parents[size_t(node)];
+                    batch.push_back({out.tokens[size_t(node)], parent < 0 ? 0 : node_seq_[size_t(parent)],
+                                     depth_[size_t(node)]});
+                }
+                const std::vector<int32_t> seqs = kv_.decode(batch, stats_);
+                for (size_t i = 0; i < expand.size(); ++i) {
+                    const int32_t node = expand[i];
+                    node_seq_[size_t(node)] = seqs[i];
+                    push_children(model_.logits(int32_t(i)), n_vocab, node, depth_[size_t(node)] + 1,
+                                  score_[size_t(node)], *request.sampling, frontier);
+                }
+            }
+        }
+        last_tokens_ = out.tokens;
+        last_parents_ = out.parents;
+        stats_.n_proposed += int64_t(out.tokens.size());
+    }
+
+private:
+    struct Candidate {
+        double score;  // product of draft probabilities along the path
+        int32_t parent, token, depth;
+        bool operator<(const Candidate& o) const { return score < o.score; }
+    };
+
+    void push_children(const float* logits, int32_t n_vocab, int32_t parent, int32_t depth, double parent_score,
+                       const SamplingParams& sampling, std::priority_queue<Candidate>& frontier) {
+        draft_distribution(logits, n_vocab, sampling, probs_, scratch_);
+        top_k_entries(probs_.data(), n_vocab, params_.branching, top_ids_, top_probs_);
+        for (size_t k = 0; k < top_ids_.size(); ++k) {
+            if (top_probs_[k] <= 0.0f) break;  // outside the sampling support: the target never emits it
+            frontier.push({parent_score * double(top_probs_[k]), parent, top_ids_[k], depth});
+        }
+    }
+
+    TreeParams params_;
+    std::vector<int32_t> depth_;  // [n] depth of each node
+    std::vector<double> score_;   // [n]
+};
+
+class ModelBeamDrafter final : public ModelTreeDrafterBase {
+public:
+    ModelBeamDrafter(Model& model, const BeamParams& params) : ModelTreeDrafterBase(model), params_(params) {}
+
+    std::string name() const override { return "draft-model-beam"; }
+
+    void draft(const DraftRequest& request, Draft& out) override {
+        out.clear();
+        ++stats_.n_draft_calls;
+        const int32_t n_vocab = model_.n_vocab();
+        const float* root_logits = kv_.feed(*request.tokens, stats_);
+        node_seq_.clear();
+        // K beams of L tokens within the node budget and the depth the decoder allows.
+        int32_t n_beams = std::min(params_.n_beams, request.n_nodes_max);
+        int32_t length = std::min(params_.length, request.n_draft_max);
+        if (n_beams > 0 && length > 0) length = std::min(length, request.n_nodes_max / n_beams);
+        if (n_beams <= 0 || length <= 0) {
+            last_tokens_.clear();
+            last_parents_.clear();
+            return;
+        }
+        const size_t K = size_t(n_beams), L = size_t(length);
+
+        // Beam search. A search node is (token, parent search node); beam b is the path of search
+        // nodes beam_nodes[b * L + 0 .. t]; a node's KV sequence is search_seq_ (0: not decoded).
+        std::vector<int32_t> beam_tokens(K * L), beam_nodes(K * L);
+        search_seq_.clear();
+        std::vector<double> beam_score(K);  // summed draft log-probabilities
+        top_tokens(root_logits, n_vocab, n_beams, *request.sampling);
+        if (top_ids_.size() < K) return;  // vocabulary smaller than K
+        for (size_t b = 0; b < K; ++b) {
+            beam_nodes[b * L] = new_search_node();
+            beam_tokens[b * L] = top_ids_[b];
+            beam_score[b] = log_prob(top_probs_[b]);
+        }
+        struct Extension {
+            double score;
+            size_t beam;
+            int32_t token;
+        };
+        std::vector<Extension> ext;
+        std::vector<DraftTreeKv::NewNode> batch;
+        std::vector<int32_t> next_tokens(K * L), next_nodes(K * L);
+        size_t n_built = 1;  // beam length reached so far
+        for (size_t t = 1; t < L; ++t) {
+            batch.clear();
+            for (size_t b = 0; b < K; ++b) {
+                const int32_t parent_node = t >= 2 ? beam_nodes[b * L + t - 2] : -1;
+                batch.push_back({beam_tokens[b * L + t - 1], parent_node < 0 ? 0 : search_seq_[size_t(parent_node)],
+                                 int32_t(t - 1)});
+            }
+            const std::vector<int32_t> seqs = kv_.decode(batch, stats_);
+            ext.clear();
+            for (size_t b = 0; b < K; ++b) {
+                search_seq_[size_t(beam_nodes[b * L + t - 1])] = seqs[b];
+                top_tokens(model_.logits(int32_t(b)), n_vocab, n_beams, *request.sampling);
+                for (size_t k = 0; k < top_ids_.size(); ++k) {
+                    ext.push_back({beam_score[b] + log_prob(top_probs_[k]), b, top_ids_[k]});
+                }
+            }
+            if (ext.size() < K) break;
+            // The K best extensions over all beams (ties: the earlier beam, then the likelier token).
+            std::stable_sort(ext.begin(), ext.end(), [](const Extension& x, const Extension& y) { return x.score > y.score; });
+            for (size_t b = 0; b < K; ++b) {
+                const Extension& e = ext[b];
+                std::copy_n(beam_tokens.begin() + long(e.beam * L), t, next_tokens.begin() + long(b * L));
+                std::copy_n(beam_nodes.begin() + long(e.beam * L), t, next_nodes.begin() + long(b * L));
+                next_tokens[b * L + t] = e.token;
+                next_nodes[b * L + t] = new_search_node();
+                beam_score[b] = e.score;
+            }
+            beam_tokens.swap(next_tokens);
+            beam_nodes.swap(next_nodes);
+            n_built = t + 1;
+        }
+        if (n_built < L) {
+            // The search stopped early: keep the length every beam reached.
+            for (size_t b = 0; b < K; ++b) {
+                for (size_t j = 0; j < n_built; ++j) {
+                    beam_tokens[b * n_built + j] = beam_tokens[b * L + j];
+                    beam_nodes[b * n_built + j] = beam_nodes[b * L + j];
+                }
+            }
+            beam_tokens.resize(K * n_built);
+            beam_nodes.resize(K * n_built);
+            length = int32_t(n_built);
+        }
+
+        const BeamTree tree = beams_to_tree(beam_tokens, n_beams, length);
+        out.tokens = tree.tokens;
+        out.parents = tree.parents;
+        out.n_candidate_tokens = n_beams * length;
+        node_seq_.assign(tree.tokens.size(), 0);
+        for (size_t i = 0; i < beam_tokens.size(); ++i) {
+            node_seq_[size_t(tree.node_of[i])] = search_seq_[size_t(beam_nodes[i])];
+        }
+        last_tokens_ = out.tokens;
+        last_parents_ = out.parents;
+        stats_.n_proposed += int64_t(out.tokens.size());
+    }
+
+private:
+    int32_t new_search_node() {
+        search_seq_.push_back(0);
+        return int32_t(search_seq_.size()) - 1;
+    }
+
+    // The k likeliest tokens of the ranking distribution with their probabilities, dropping tokens
+    // outside the sampling support.
+    void top_tokens(const float* logits, int32_t n_vocab, int32_t k, const SamplingParams& sampling) {
+        draft_distribution(logits, n_vocab, sampling, probs_, scratch_);
+        top_k_entries(probs_.data(), n_vocab, k, top_ids_, top_probs_);
+        while (!top_probs_.empty() && top_probs_.back() <= 0.0f) {
+            top_ids_.pop_back();
+            top_probs_.pop_back();
+        }
+    }
+
+    static double log_prob(float p) { return std::log(double(p)); }
+
+    BeamParams params_;
+    std::vector<int32_t> search_seq_;  // [n_search_nodes] KV sequence of each, 0: not decoded
+};
+
+}  // namespace
+
+void validate(const TreeParams& params) {
+    if (params.n_nodes < 1 || params.n_nodes > kMaxTreeNodes) {
+        throw InvalidArgumentError("tree n_nodes must be in [1, " + std::to_string(kMaxTreeNodes) + "], got " +
+                                   std::to_string(params.n_nodes));
+    }
+    if (params.depth < 1) throw InvalidArgumentError("tree depth must be >= 1, got " + std::to_string(params.depth));
+    if (params.branching < 1) {
+        throw InvalidArgumentError("tree branching must be >= 1, got " + std::to_string(params.branching));
+    }
+    if (params.n_expand < 1) throw InvalidArgumentError("tree n_expand must be >= 1, got " + std::to_string(params.n_expand));
+}
+
+void validate(const BeamParams& params) {
+    if (params.n_beams < 1) throw InvalidArgumentError("beam n_beams must be >= 1, got " + std::to_string(params.n_beams));
+    if (params.length < 1) throw InvalidArgumentError("beam length must be >= 1, got " + std::to_string(params.length));
+    // Beams x (length - 1) nodes are decoded, one KV sequence each; K x L nodes are verified.
+    if (int64_t(params.n_beams) * params.length > kMaxTreeNodes) {
+        throw InvalidArgumentError("beam n_beams * length must be <= " + std::to_string(kMaxTreeNodes) + ", got " +
+                                   std::to_string(params.n_beams) + " * " + std::to_string(params.length));
+    }
+}
+
+std::unique_ptr<Drafter> make_model_tree_drafter(Model& draft_model, const TreeParams& params) {
+    validate(params);
+    return std::make_unique<ModelTreeDrafter>(draft_model, params);
+}
+
+std::unique_ptr<Drafter> make_model_beam_drafter(Model& draft_model, const BeamParams& params) {
+    validate(params);
+    return std::make_unique<ModelBeamDrafter>(draft_model, params);
+}
+
+}  // namespace spec

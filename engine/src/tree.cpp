@@ -1,0 +1,124 @@
+// Token trees: validation, depths, batch layout (leaf sequences), beam compression.
+#include "spec/tree.h"
+
+#include <string>
+
+#include "spec/error.h"
+
+namespace spec {
+
+void validate_tree(const std::vector<int32_t>& parents) {
+    if (int64_t(parents.size()) > kMaxTreeNodes) {
+        throw InvalidArgumentError("a draft tree has at most " + std::to_string(kMaxTreeNodes) + " nodes, got " +
+                                   std::to_string(parents.size()));
+    }
+    for (size_t i = 0; i < parents.size(); ++i) {
+        if (parents[i] < -1 || parents[i] >= int32_t(i)) {
+            throw InvalidArgumentError("tree node " + std::to_string(i) + " has parent " + std::to_string(parents[i]) +
+                                       "; parents must be -1 (the root) or an earlier node");
+        }
+    }
+}
+
+std::vector<int32_t> chain_parents(int32_t n) {
+    std::vector<int32_t> parents(size_t(std::max(n, 0)));
+    for (int32_t i = 0; i < n; ++i) parents[size_t(i)] = i - 1;
+    return parents;
+}
+
+std::vector<int32_t> tree_depths(const std::vector<int32_t>& parents) {
+    std::vector<int32_t> depth(parents.size());
+    for (size_t i = 0; i < parents.size(); ++i) depth[i] = parents[i] < 0 ? 0 : depth[size_t(parents[i])] + 1;
+    return depth;
+}
+
+TreeBatchLayout layout_tree(const std::vector<int32_t>& parents) {
+    validate_tree(parents);
+    const size_t n = parents.size();
+    TreeBatchLayout layout;
+    layout.depth = tree_depths(parents);
+    layout.seq_ids.assign(n, {});
+    layout.leaf_seq.assign(n, 0);
+    layout.root_seq_ids = {0};
+
+    std::vector<bool> has_child(n, false);
+    for (size_t i = 0; i < n; ++i) {
+        if (parents[i] >= 0) has_child[size_t(parents[i])] = true;
+    }
+    int32_t n_leaves = 0;
+    for (size_t i = 0; i < n; ++i) n_leaves += has_child[i] ? 0 : 1;
+    if (n_leaves <= 1) {
+        // A chain: one path, the committed sequence itself.
+        for (size_t i = 0; i < n; ++i) layout.seq_ids[i] = {0};
+        return layout;
+    }
+
+    // Leaves get 1..n_leaves in node order; each leaf's sequence id goes up the path to the root.
+    // Walking leaves in increasing order makes every node's first id its lowest leaf.
+    layout.n_leaves = n_leaves;
+    int32_t seq = 0;
+    for (size_t i = 0; i < n; ++i) {
+        if (has_child[i]) continue;
+        ++seq;
+        for (int32_t node = int32_t(i); node >= 0; node = parents[size_t(node)]) {
+            layout.seq_ids[size_t(node)].push_back(seq);
+        }
+        layout.root_seq_ids.push_back(seq);
+    }
+    for (size_t i = 0; i < n; ++i) layout.leaf_seq[i] = layout.seq_ids[i].front();
+    return layout;
+}
+
+std::vector<int32_t> prefix_match(const std::vector<int32_t>& beams, int32_t n_beams, int32_t length) {
+    if (n_beams < 0 || length < 0 || beams.size() != size_t(n_beams) * size_t(length)) {
+        throw InvalidArgumentError("prefix_match: beams must hold n_beams * length = " +
+                                   std::to_string(int64_t(n_beams) * length) + " tokens, got " +
+                                   std::to_string(beams.size()));
+    }
+    const size_t K = size_t(n_beams), L = size_t(length);
+    // count[i][k][j]: how many of the first j + 1 tokens of beams i and k are equal (cumulative
+    // sum of the equality tensor along the length). The prefixes match iff count == j + 1.
+    std::vector<int32_t> count(K * K * L);
+    for (size_t i = 0; i < K; ++i) {
+        for (size_t k = 0; k < K; ++k) {
+            int32_t running = 0;
+            for (size_t j = 0; j < L; ++j) {
+                running += beams[i * L + j] == beams[k * L + j] ? 1 : 0;
+                count[(i * K + k) * L + j] = running;
+            }
+        }
+    }
+    // First k with a full match (k = i always matches, so there is one).
+    std::vector<int32_t> match(K * L);
+    for (size_t i = 0; i < K; ++i) {
+        for (size_t j = 0; j < L; ++j) {
+            size_t k = 0;
+            while (count[(i * K + k) * L + j] != int32_t(j + 1)) ++k;
+            match[i * L + j] = int32_t(k);
+        }
+    }
+    return match;
+}
+
+BeamTree beams_to_tree(const std::vector<int32_t>& beams, int32_t n_beams, int32_t length) {
+    const std::vector<int32_t> match = prefix_match(beams, n_beams, length);
+    const size_t L = size_t(length);
+    BeamTree tree;
+    tree.node_of.assign(beams.size(), -1);
+    for (size_t i = 0; i < size_t(n_beams); ++i) {
+        for (size_t j = 0; j < L; ++j) {
+            const size_t k = size_t(match[i * L + j]);
+            if (k < i) {
+                // Shared with an earlier beam, which already made the node.
+                tree.node_of[i * L + j] = tree.node_of[k * L + j];
+                continue;
+            }
+            tree.node_of[i * L + j] = int32_t(tree.tokens.size());
+            tree.tokens.push_back(beams[i * L + j]);
+            tree.parents.push_back(j == 0 ? -1 : tree.node_of[i * L + j - 1]);
+        }
+    }
+    return tree;
+}
+
+}  // namespace spec

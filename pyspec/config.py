@@ -1,0 +1,101 @@
+"""Generation settings: one dataclass for every knob of Engine.generate / Engine.stream."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from . import _core
+
+METHODS = ("none", "chain", "tree", "beam", "lookup")
+
+# Draft length per chain-like method when n_draft is not given: what measured best on the 2-core
+# development machine (`pyspec bench`, README "Measured results"). A free drafter affords longer
+# drafts than a draft model whose every token costs a decode.
+DEFAULT_N_DRAFT = {"chain": 4, "lookup": 8}
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """Everything that shapes one generation. Pass fields as keywords to generate()/stream().
+
+    Sampling: temperature 0 is greedy; above 0 tokens follow the target's distribution after
+    top_k / top_p / min_p (all verification is exact unless acceptance="typical").
+
+    method: "none" (plain decoding), "chain" (draft model proposes a chain of n_draft tokens),
+    "tree" (draft model grows a token tree of tree_nodes nodes, at most tree_depth deep, expanding
+    the tree_expand most probable frontier nodes per draft decode with tree_branching children
+    each), "beam" (draft-model beam search: beams x beam_length, compressed into a tree),
+    "lookup" (prompt lookup, no draft model: up to n_draft tokens that followed an earlier
+    occurrence of the last lookup_ngram_max .. lookup_ngram_min tokens). None: "chain" when the
+    engine has a draft model, else "none".
+
+    acceptance: "exact" (rejection sampling: the target's distribution) or "typical" (Medusa's
+    typical acceptance with typical_epsilon / typical_delta: LOSSY, faster acceptance of
+    plausible drafts; only used when temperature > 0).
+    trace_top_k: target top-k kept at each rejected position (0: no trace).
+    return_logits: keep the target's logits row behind every generated token (result.logits).
+    """
+
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    stop: str | Sequence[str] | None = None
+    method: str | None = None
+    n_draft: int | None = None
+    seed: int | None = None
+    lookup_ngram_max: int = 3
+    lookup_ngram_min: int = 1
+    tree_nodes: int = 16
+    tree_depth: int = 6
+    tree_branching: int = 4
+    tree_expand: int = 4
+    beams: int = 4
+    beam_length: int = 5
+    acceptance: str = "exact"
+    typical_epsilon: float = 0.09
+    typical_delta: float = 0.3
+    trace_top_k: int = 32
+    return_logits: bool = False
+
+    def replace(self, **options: Any) -> "GenerationConfig":
+        """A copy with some fields changed; unknown names raise TypeError listing the valid ones."""
+        names = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(options) - names)
+        if unknown:
+            raise TypeError(f"unknown generation option(s) {', '.join(unknown)}; valid: {', '.join(sorted(names))}")
+        return dataclasses.replace(self, **options)
+
+    def resolved_method(self, has_draft: bool) -> str:
+        return self.method if self.method is not None else ("chain" if has_draft else "none")
+
+    def to_core(self, has_draft: bool) -> Any:
+        """The engine's GenerateParams for these settings (the engine validates them)."""
+        p = _core.GenerateParams()
+        p.max_tokens = self.max_tokens
+        p.sampling.temperature = self.temperature
+        p.sampling.top_k = self.top_k
+        p.sampling.top_p = self.top_p
+        p.sampling.min_p = self.min_p
+        p.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        p.method = self.resolved_method(has_draft)
+        p.n_draft = self.n_draft if self.n_draft is not None else DEFAULT_N_DRAFT.get(p.method, 4)
+        p.lookup.ngram_max = self.lookup_ngram_max
+        p.lookup.ngram_min = self.lookup_ngram_min
+        p.tree.n_nodes = self.tree_nodes
+        p.tree.depth = self.tree_depth
+        p.tree.branching = self.tree_branching
+        p.tree.n_expand = self.tree_expand
+        p.beam.n_beams = self.beams
+        p.beam.length = self.beam_length
+        p.acceptance = self.acceptance
+        p.typical_epsilon = self.typical_epsilon
+        p.typical_delta = self.typical_delta
+        p.seed = self.seed
+        p.trace_top_k = self.trace_top_k
+        p.return_logits = self.return_logits
+        return p
