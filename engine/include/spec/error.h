@@ -37,6 +37,12 @@ struct DecodeError : Error {
     using Error::Error;
 };
 
+// A phrase pool file cannot be written, or cannot be read back: missing, truncated, corrupt,
+// not a phrase pool file, or from another format version.
+struct PoolFileError : Error {
+    using Error::Error;
+};
+
 // The engine was used after close().
 struct ClosedError : Error {
     using Error::Error;
