@@ -51,6 +51,7 @@ NB_MODULE(_core, m) {
         } catch (const spec::ContextOverflowError& e) { raise_as("ContextOverflowError", e.what());
         } catch (const spec::DecodeError& e) { raise_as("DecodeError", e.what());
         } catch (const spec::ClosedError& e) { raise_as("EngineClosedError", e.what());
+        } catch (const spec::PoolFileError& e) { raise_as("PoolFileError", e.what());
         } catch (const spec::Error& e) { raise_as("SpecError", e.what());
         }
     });
@@ -153,6 +154,16 @@ NB_MODULE(_core, m) {
         .def_rw("n_beams", &spec::BeamParams::n_beams)
         .def_rw("length", &spec::BeamParams::length);
 
+    nb::class_<spec::PoolParams>(m, "PoolParams")
+        .def(nb::init<>())
+        .def_rw("enabled", &spec::PoolParams::enabled)
+        .def_rw("n_branches", &spec::PoolParams::n_branches)
+        .def_rw("phrase_len", &spec::PoolParams::phrase_len)
+        .def_rw("max_nodes", &spec::PoolParams::max_nodes)
+        .def_rw("harvest_prompt", &spec::PoolParams::harvest_prompt)
+        .def_rw("harvest_generated", &spec::PoolParams::harvest_generated)
+        .def_rw("harvest_verification", &spec::PoolParams::harvest_verification);
+
     nb::class_<spec::LookupParams>(m, "LookupParams")
         .def(nb::init<>())
         .def_rw("ngram_max", &spec::LookupParams::ngram_max)
@@ -168,6 +179,7 @@ NB_MODULE(_core, m) {
         .def_rw("tree", &spec::GenerateParams::tree)
         .def_rw("beam", &spec::GenerateParams::beam)
         .def_rw("lookup", &spec::GenerateParams::lookup)
+        .def_rw("pool", &spec::GenerateParams::pool)
         .def_rw("acceptance", &spec::GenerateParams::acceptance)
         .def_rw("typical_epsilon", &spec::GenerateParams::typical_epsilon)
         .def_rw("typical_delta", &spec::GenerateParams::typical_delta)
@@ -278,5 +290,34 @@ NB_MODULE(_core, m) {
             spec::Model& model = use_draft ? e.draft() : e.target();
             return std::make_tuple(model.description(), model.n_layer(), model.n_embd(), model.n_vocab());
         }, "use_draft"_a = false)
+        .def("pool_stats", [](spec::Engine& e) {
+            const spec::PhrasePoolStats s = e.pool().stats();
+            nb::dict d;
+            d["size"] = s.size;
+            d["capacity"] = e.pool().params().capacity;
+            d["memory_bytes"] = e.pool().memory_bytes();
+            d["n_inserted"] = s.n_inserted;
+            d["n_refreshed"] = s.n_refreshed;
+            d["n_merged"] = s.n_merged;
+            d["n_evicted"] = s.n_evicted;
+            d["n_loaded"] = s.n_loaded;
+            d["n_lookups"] = s.n_lookups;
+            d["n_hits"] = s.n_hits;
+            d["n_uses"] = s.n_uses;
+            d["n_phrases_accepted"] = s.n_phrases_accepted;
+            d["n_tokens_accepted"] = s.n_tokens_accepted;
+            d["n_proven"] = s.n_proven;
+            nb::dict by_source;
+            for (int32_t i = 0; i < spec::kPhraseSourceCount; ++i) {
+                by_source[spec::phrase_source_name(spec::PhraseSource(i))] = s.n_inserted_by_source[i];
+            }
+            d["n_inserted_by_source"] = by_source;
+            return d;
+        })
+        .def("save_pool", [](spec::Engine& e, const std::string& path) { e.pool().save(path); }, "path"_a,
+             nb::call_guard<nb::gil_scoped_release>())
+        .def("load_pool", [](spec::Engine& e, const std::string& path) { e.pool().load(path); }, "path"_a,
+             nb::call_guard<nb::gil_scoped_release>())
+        .def("clear_pool", [](spec::Engine& e) { e.pool().clear(); })
         .def("close", &spec::Engine::close);
 }

@@ -18,6 +18,7 @@ from .errors import (
     EngineClosedError,
     InvalidArgumentError,
     ModelLoadError,
+    PoolFileError,
     SpecError,
     VocabMismatchError,
 )
@@ -43,4 +44,5 @@ __all__ = [
     "ContextOverflowError",
     "DecodeError",
     "EngineClosedError",
+    "PoolFileError",
 ]

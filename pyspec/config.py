@@ -9,12 +9,12 @@ from typing import Any
 
 from . import _core
 
-METHODS = ("none", "chain", "tree", "beam", "lookup")
+METHODS = ("none", "chain", "tree", "beam", "lookup", "ouroboros")
 
 # Draft length per chain-like method when n_draft is not given: what measured best on the 2-core
 # development machine (`pyspec bench`, README "Measured results"). A free drafter affords longer
 # drafts than a draft model whose every token costs a decode.
-DEFAULT_N_DRAFT = {"chain": 4, "lookup": 8}
+DEFAULT_N_DRAFT = {"chain": 4, "lookup": 8, "ouroboros": 4}
 
 
 @dataclass(frozen=True)
@@ -28,9 +28,17 @@ class GenerationConfig:
     "tree" (draft model grows a token tree of tree_nodes nodes, at most tree_depth deep, expanding
     the tree_expand most probable frontier nodes per draft decode with tree_branching children
     each), "beam" (draft-model beam search: beams x beam_length, compressed into a tree),
-    "lookup" (prompt lookup, no draft model: up to n_draft tokens that followed an earlier
-    occurrence of the last lookup_ngram_max .. lookup_ngram_min tokens). None: "chain" when the
+    "lookup" (no draft model: prompt lookup proposes up to n_draft tokens that followed an earlier
+    occurrence of the last lookup_ngram_max .. lookup_ngram_min tokens, and the engine's phrase
+    pool adds up to pool_branches phrases as extra branches, pool_max_nodes nodes in all),
+    "ouroboros" (draft model drafts n_draft tokens phrase by phrase, checking pool phrases in its
+    own decodes, then pool_branches pool phrases lengthen the draft). None: "chain" when the
     engine has a draft model, else "none".
+
+    Phrase pool (Engine.pool_stats / save_pool / load_pool / clear_pool): pool=False turns it off
+    for this request (lookup is then plain prompt lookup); harvest_prompt, harvest_generated and
+    harvest_verification choose what it learns from (phrases of pool_phrase_len tokens from
+    prompts and outputs; target-confirmed pieces of rejected drafts). It persists across requests.
 
     acceptance: "exact" (rejection sampling: the target's distribution) or "typical" (Medusa's
     typical acceptance with typical_epsilon / typical_delta: LOSSY, faster acceptance of
@@ -56,6 +64,13 @@ class GenerationConfig:
     tree_expand: int = 4
     beams: int = 4
     beam_length: int = 5
+    pool: bool = True
+    pool_branches: int = 2
+    pool_phrase_len: int = 8
+    pool_max_nodes: int = 16
+    harvest_prompt: bool = True
+    harvest_generated: bool = True
+    harvest_verification: bool = True
     acceptance: str = "exact"
     typical_epsilon: float = 0.09
     typical_delta: float = 0.3
@@ -92,6 +107,13 @@ class GenerationConfig:
         p.tree.n_expand = self.tree_expand
         p.beam.n_beams = self.beams
         p.beam.length = self.beam_length
+        p.pool.enabled = self.pool
+        p.pool.n_branches = self.pool_branches
+        p.pool.phrase_len = self.pool_phrase_len
+        p.pool.max_nodes = self.pool_max_nodes
+        p.pool.harvest_prompt = self.harvest_prompt
+        p.pool.harvest_generated = self.harvest_generated
+        p.pool.harvest_verification = self.harvest_verification
         p.acceptance = self.acceptance
         p.typical_epsilon = self.typical_epsilon
         p.typical_delta = self.typical_delta

@@ -158,6 +158,26 @@ class Engine:
         finally:
             _forward_llama_logs()
 
+    # -- phrase pool ---------------------------------------------------------------------------
+    # The pool is shared by every request of this engine and is safe to use from any thread, also
+    # while a generation runs (it takes its own lock, not the engine's).
+
+    def pool_stats(self) -> dict[str, Any]:
+        """Size, capacity, memory, inserts by source, lookups, hits and accepted-token credits."""
+        return dict(self._core.pool_stats())
+
+    def save_pool(self, path: str | os.PathLike[str]) -> None:
+        """Writes the phrase pool to `path` (atomically: a temp file renamed into place)."""
+        self._core.save_pool(os.fspath(path))
+
+    def load_pool(self, path: str | os.PathLike[str]) -> None:
+        """Replaces the pool by a file from save_pool(); on any error the pool is unchanged
+        (PoolFileError for a bad file, VocabMismatchError for another vocabulary)."""
+        self._core.load_pool(os.fspath(path))
+
+    def clear_pool(self) -> None:
+        self._core.clear_pool()
+
     # -- generation ----------------------------------------------------------------------------
 
     def generate(self, prompt: Prompt, config: GenerationConfig | None = None, **options: Any) -> GenerationResult:

@@ -31,6 +31,10 @@ class EngineClosedError(SpecError, RuntimeError):
     """The engine was used after close()."""
 
 
+class PoolFileError(SpecError, OSError):
+    """A phrase pool file cannot be written or read back (missing, truncated, corrupt, other format)."""
+
+
 __all__ = [
     "SpecError",
     "ModelLoadError",
@@ -39,4 +43,5 @@ __all__ = [
     "ContextOverflowError",
     "DecodeError",
     "EngineClosedError",
+    "PoolFileError",
 ]

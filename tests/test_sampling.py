@@ -122,7 +122,7 @@ def lookup_prompt(engine) -> list[int]:
 @pytest.mark.parametrize(
     "kind,method",
     [("perturbed", "chain"), ("independent", "chain"), ("perturbed", "none"), ("perturbed", "lookup"),
-     ("perturbed", "tree"), ("perturbed", "beam"), ("independent", "tree")],
+     ("perturbed", "tree"), ("perturbed", "beam"), ("independent", "tree"), ("perturbed", "ouroboros")],
 )
 def test_decoder_samples_target_distribution(engines, kind: str, method: str) -> None:
     """Joint distribution of the first two generated tokens at temperature 1, top_k 6."""

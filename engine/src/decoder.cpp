@@ -177,6 +177,14 @@ DraftShape draft_shape(const GenerateParams& params) {
     if (params.method == "tree") return {params.tree.depth, params.tree.n_nodes};
     if (params.method == "beam") return {params.beam.length, params.beam.n_beams * params.beam.length};
     if (params.method == "none") return {0, 0};
+    const bool pool = params.pool.enabled && params.pool.n_branches > 0;
+    if (params.method == "lookup") return {params.n_draft, pool ? params.pool.max_nodes : params.n_draft};
+    if (params.method == "ouroboros") {
+        // gamma draft-model tokens, then up to K pool branches of up to phrase_len - 1 tokens.
+        const int32_t branch = pool ? params.pool.phrase_len - 1 : 0;
+        return {params.n_draft + branch,
+                std::min(kMaxTreeNodes, params.n_draft + (pool ? params.pool.n_branches * branch : 0))};
+    }
     return {params.n_draft, params.n_draft};
 }
 
@@ -191,6 +199,14 @@ Engine::Engine(const std::string& target_path, const std::string& draft_path, co
         draft_ = std::make_unique<Model>(draft_path, model_params);
         check_vocab_compatible(*target_, *draft_);
     }
+    PhrasePoolParams pool_params = params.pool;
+    pool_params.n_vocab = target_->n_vocab();
+    pool_ = std::make_unique<PhrasePool>(pool_params);
+}
+
+PhrasePool& Engine::pool() {
+    check_open();
+    return *pool_;
 }
 
 Engine::~Engine() = default;
@@ -237,6 +253,7 @@ std::vector<float> Engine::evaluate(const std::vector<int32_t>& tokens, bool use
 }
 
 void Engine::close() {
+    pool_.reset();
     draft_.reset();
     target_.reset();
 }
@@ -245,17 +262,18 @@ std::unique_ptr<Drafter> Engine::make_drafter(const GenerateParams& params) {
     // Drafters are cheap (the models and their caches belong to the engine): one per request.
     const std::string& method = params.method;
     if (method == "none") return nullptr;
-    if (method == "lookup") return make_prompt_lookup_drafter(params.lookup);
-    if (method == "chain" || method == "tree" || method == "beam") {
+    if (method == "lookup") return make_pool_lookup_drafter(params.lookup, pool_.get(), params.pool);
+    if (method == "chain" || method == "tree" || method == "beam" || method == "ouroboros") {
         if (!draft_) {
             throw InvalidArgumentError("method '" + method +
                                        "' needs a draft model; load one or use method='none' or 'lookup'");
         }
         if (method == "chain") return make_model_chain_drafter(*draft_);
         if (method == "tree") return make_model_tree_drafter(*draft_, params.tree);
+        if (method == "ouroboros") return make_ouroboros_drafter(*draft_, *pool_, params.pool, params.n_draft);
         return make_model_beam_drafter(*draft_, params.beam);
     }
-    throw InvalidArgumentError("unknown method '" + method + "' (available: none, chain, tree, beam, lookup)");
+    throw InvalidArgumentError("unknown method '" + method + "' (available: none, chain, tree, beam, lookup, ouroboros)");
 }
 
 void Engine::validate(const std::vector<int32_t>& prompt, const GenerateParams& params) const {
@@ -276,7 +294,8 @@ void Engine::validate(const std::vector<int32_t>& prompt, const GenerateParams& 
     if (params.max_tokens < 0) throw InvalidArgumentError("max_tokens must be >= 0, got " + std::to_string(params.max_tokens));
     if (params.trace_top_k < 0) throw InvalidArgumentError("trace_top_k must be >= 0");
     const int32_t n_draft_limit = std::min({kMaxDraft, target_->params().n_batch - 1, n_ctx - 1});
-    if ((params.method == "chain" || params.method == "lookup") && (params.n_draft < 1 || params.n_draft > n_draft_limit)) {
+    if ((params.method == "chain" || params.method == "lookup" || params.method == "ouroboros") &&
+        (params.n_draft < 1 || params.n_draft > n_draft_limit)) {
         throw InvalidArgumentError("n_draft must be in [1, " + std::to_string(n_draft_limit) + "] for this context (n_ctx=" +
                                    std::to_string(n_ctx) + ", n_batch=" + std::to_string(target_->params().n_batch) +
                                    "), got " + std::to_string(params.n_draft));
@@ -285,6 +304,7 @@ void Engine::validate(const std::vector<int32_t>& prompt, const GenerateParams& 
         if (s.empty()) throw InvalidArgumentError("stop strings must not be empty");
     }
     if (params.method == "lookup") spec::validate(params.lookup);
+    if (params.method == "lookup" || params.method == "ouroboros") spec::validate(params.pool);
     if (params.method == "tree") spec::validate(params.tree);
     if (params.method == "beam") spec::validate(params.beam);
     if ((params.method == "tree" || params.method == "beam") &&
@@ -344,6 +364,7 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
         decode_draft(req, batch);
         ++stats.n_target_calls;
         const TreeVerdict verdict = verify_step(req);
+        if (drafter && params.sampling.greedy() && !req.draft.tokens.empty()) drafter->observe_target(req.parents, req.target_argmax);
         stats.t_verify_ms += ms_since(t0);
 
         t0 = Clock::now();
@@ -366,6 +387,7 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
         stats.t_other_ms += ms_since(t0);
     }
 
+    if (drafter) drafter->end(req.committed);
     const std::string tail = req.text.finish();
     if (!tail.empty() && on_text && req.result.finish_reason != "cancelled") on_text(tail);
     req.result.text = utf8_sanitize(req.text.text());

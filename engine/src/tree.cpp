@@ -121,4 +121,26 @@ BeamTree beams_to_tree(const std::vector<int32_t>& beams, int32_t n_beams, int32
     return tree;
 }
 
+int32_t add_chain(std::vector<int32_t>& tokens, std::vector<int32_t>& parents, int32_t parent,
+                  const int32_t* chain, int32_t n_chain, int32_t max_nodes) {
+    int32_t node = parent;
+    for (int32_t i = 0; i < n_chain; ++i) {
+        int32_t next = -1;
+        for (size_t c = size_t(node + 1); c < tokens.size(); ++c) {  // children come after their parent
+            if (parents[c] == node && tokens[c] == chain[i]) {
+                next = int32_t(c);
+                break;
+            }
+        }
+        if (next < 0) {
+            if (int32_t(tokens.size()) >= max_nodes) break;
+            next = int32_t(tokens.size());
+            tokens.push_back(chain[i]);
+            parents.push_back(node);
+        }
+        node = next;
+    }
+    return node;
+}
+
 }  // namespace spec

@@ -12,6 +12,7 @@
 
 #include "spec/drafter.h"
 #include "spec/model.h"
+#include "spec/phrase_pool.h"
 #include "spec/rng.h"
 #include "spec/sampling.h"
 
@@ -21,11 +22,12 @@ struct GenerateParams {
     int32_t max_tokens = 256;
     SamplingParams sampling;
     std::vector<std::string> stop;
-    std::string method = "chain";  // "none" | "chain" | "tree" | "beam" | "lookup"
-    int32_t n_draft = 4;           // longest chain proposed per step (chain, lookup)
+    std::string method = "chain";  // "none" | "chain" | "tree" | "beam" | "lookup" | "ouroboros"
+    int32_t n_draft = 4;           // longest chain proposed per step (chain, lookup; ouroboros: gamma)
     TreeParams tree;               // method "tree"
     BeamParams beam;               // method "beam"
     LookupParams lookup;           // n-gram sizes of method "lookup"
+    PoolParams pool;               // phrase pool use of "lookup" and "ouroboros"
     // How sampled drafts are verified: "exact" (rejection sampling, the target's distribution)
     // or "typical" (Medusa's typical acceptance: LOSSY, accepts x when p(x) > min(epsilon,
     // delta * exp(-H(p))); see verify_tree_typical). Greedy decoding ignores it.
@@ -93,6 +95,7 @@ using TextCallback = std::function<bool(const std::string&)>;
 
 struct EngineParams {
     ModelParams model;
+    PhrasePoolParams pool;  // the engine's phrase pool (n_vocab is set from the target)
     uint64_t seed = 0;
 };
 
@@ -119,6 +122,9 @@ public:
     // and tools (reference distributions, golden comparisons); not used by generate().
     std::vector<float> evaluate(const std::vector<int32_t>& tokens, bool use_draft, bool all_rows);
 
+    // The phrase pool shared by all requests (thread-safe; save / load / clear / stats).
+    PhrasePool& pool();
+
     // Frees the models; any later call throws ClosedError.
     void close();
     bool closed() const { return target_ == nullptr; }
@@ -131,6 +137,7 @@ private:
     EngineParams params_;
     std::unique_ptr<Model> target_;
     std::unique_ptr<Model> draft_;
+    std::unique_ptr<PhrasePool> pool_;
     Rng rng_;
 };
 

@@ -64,6 +64,13 @@ public:
     // committed sequence (it ends with the recovered/bonus token, not yet seen by the drafter).
     virtual void accept(const std::vector<int32_t>& committed, int32_t n_accepted) = 0;
     virtual DrafterStats stats() const = 0;
+    // Greedy decoding only, right after verification of the last draft: target_argmax[r] is the
+    // target's token after batch row r (row 0: the last committed token, row i + 1: draft node
+    // i), parents the draft's tree (a chain spelled out). Drafters may learn from it, e.g.
+    // harvest target-confirmed phrases. Default: nothing.
+    virtual void observe_target(const std::vector<int32_t>& /*parents*/, const std::vector<int32_t>& /*target_argmax*/) {}
+    // The request ended; committed is the final sequence (prompt + output). Default: nothing.
+    virtual void end(const std::vector<int32_t>& /*committed*/) {}
 };
 
 // A GGUF draft model proposing a chain autoregressively. Its KV cache is kept in step with the
@@ -124,5 +131,37 @@ std::unique_ptr<Drafter> make_prompt_lookup_drafter(const LookupParams& params);
 
 // Throws InvalidArgumentError naming the values when params are outside the range above.
 void validate(const LookupParams& params);
+
+class PhrasePool;
+
+// How drafters use the engine's phrase pool (spec/phrase_pool.h, Ouroboros).
+struct PoolParams {
+    bool enabled = true;             // propose pool phrases (false: lookup is plain prompt lookup)
+    int32_t n_branches = 2;          // K: pool phrases added as extra branches per step
+    int32_t phrase_len = 8;          // N: length of the phrases harvested from prompts and outputs
+    int32_t max_nodes = 16;          // lookup: node budget of one step's tree (chain + branches)
+    bool harvest_prompt = true;      // source: n-grams of each prompt
+    bool harvest_generated = true;   // source: n-grams of each output (kept for later requests)
+    bool harvest_verification = true;  // source: target-confirmed pieces of rejected drafts
+};
+
+// Prompt lookup plus the phrase pool ("lookup", no draft model): the prompt-lookup chain, then up
+// to K pool phrases whose first tokens equal the end of the committed sequence (longest key
+// first), merged into one tree of at most max_nodes nodes. Harvests prompts, outputs and (greedy)
+// verification results into the pool, and credits the phrases the target accepted. pool null
+// or params.enabled false: plain prompt lookup. Deterministic proposals.
+std::unique_ptr<Drafter> make_pool_lookup_drafter(const LookupParams& lookup, PhrasePool* pool,
+                                                  const PoolParams& params);
+
+// Ouroboros ("ouroboros"): the draft model drafts a chain of up to n_draft tokens phrase by
+// phrase: each draft decode also checks a pool phrase continuing the chain and keeps the prefix
+// the draft itself agrees with (greedy), so one draft decode can yield several tokens; the chain
+// is then lengthened by up to K pool phrases starting with its last token, as branches verified
+// in the same target call. Sampled decoding drafts token by token (q rows), branches one-hot.
+std::unique_ptr<Drafter> make_ouroboros_drafter(Model& draft_model, PhrasePool& pool, const PoolParams& params,
+                                                int32_t n_draft);
+
+// Throws InvalidArgumentError naming the bad field.
+void validate(const PoolParams& params);
 
 }  // namespace spec

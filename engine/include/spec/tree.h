@@ -66,4 +66,12 @@ struct BeamTree {
 // beams: [n_beams * length]
 BeamTree beams_to_tree(const std::vector<int32_t>& beams, int32_t n_beams, int32_t length);
 
+// Adds a chain of candidate tokens below node `parent` (-1: the root) of the tree (tokens,
+// parents), reusing nodes where the tree already has the same token below the same parent
+// (shared prefixes), and creating at most max_nodes nodes in all. Returns the deepest node of the
+// chain that is in the tree (`parent` when not even its first token fits).
+// chain: [n_chain]
+int32_t add_chain(std::vector<int32_t>& tokens, std::vector<int32_t>& parents, int32_t parent,
+                  const int32_t* chain, int32_t n_chain, int32_t max_nodes);
+
 }  // namespace spec
