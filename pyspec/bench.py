@@ -1,7 +1,9 @@
 """`pyspec bench`: decoding methods side by side on a prompt suite, in one process.
 
 For each prompt every method runs back to back (A B A B ...), so machine drift hits all methods
-alike; each method is warmed up first; decoding is greedy through the chat template. Besides
+alike; each method is warmed up first; decoding is greedy through the chat template. Methods that
+use the phrase pool keep one pool per method across the prompts (history reuse as in serving; a
+method never sees another method's answer to the same prompt). Besides
 pyspec's own methods, two peers run on identical prompt tokens with the same threads and greedy
 settings: llama-cpp-python's plain generation (`peer-llama-cpp`) and its prompt-lookup
 speculative decoding (`peer-pld`, `LlamaPromptLookupDecoding`).
@@ -17,8 +19,10 @@ import contextlib
 import importlib.util
 import json
 import logging
+import os
 import statistics
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -300,7 +304,7 @@ def run_bench(
         suite, prompt_list = "custom", list(prompts)
     if not prompt_list:
         raise ValueError("no prompts to run")
-    needs_draft = [m.label for m in specs if m.name in ("chain", "tree", "beam")]
+    needs_draft = [m.label for m in specs if m.name in ("chain", "tree", "beam", "ouroboros")]
     if needs_draft and not draft:
         raise ValueError(f"method(s) {', '.join(needs_draft)} need a draft model (--draft)")
     target_path = resolve_model(target, progress=progress)
@@ -322,14 +326,30 @@ def run_bench(
                                        n_draft=m.n_draft, pld=m.name == "peer-pld")
                 stack.callback(peers[m.label].close)
 
+        # The phrase pool learns from every request. Each method keeps a pool of its own across
+        # the prompts (saved and restored around its runs), so a method never sees phrases of
+        # another method's answer to the same prompt; history reuse stays within a method, as
+        # for an engine serving a stream of requests with one method.
+        pool_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="pyspec-bench-"))
+
         def run(m: MethodSpec, pid: str, tokens: list[int], limit: int) -> PromptRun:
             if m.is_peer:
                 return _run_peer(peers[m.label], m, pid, tokens, limit)
-            return _run_pyspec(engine, m, pid, tokens, limit)
+            pool_file = pool_files.setdefault(m.label, os.path.join(pool_dir, f"method{len(pool_files)}.pool"))
+            if os.path.exists(pool_file):
+                engine.load_pool(pool_file)
+            else:
+                engine.clear_pool()
+            result = _run_pyspec(engine, m, pid, tokens, limit)
+            engine.save_pool(pool_file)
+            return result
 
+        pool_files: dict[str, str] = {}
         if warmup:  # page the weights in and settle every code path once
             for m in specs:
                 run(m, inputs[0][0], inputs[0][1], min(WARMUP_TOKENS, max_tokens))
+            for path in pool_files.values():  # forget the warm-up's phrases
+                os.remove(path)
 
         runs: dict[str, list[PromptRun]] = {m.label: [] for m in specs}
         bar = tqdm(total=len(inputs) * len(specs), desc="bench", unit="run", file=sys.stderr, disable=not progress)
