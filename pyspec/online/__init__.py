@@ -18,13 +18,16 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         'pyspec.online needs PyTorch: pip install "pyspec-engine[train]" (torch==2.13.0)'
     ) from exc
 
+from .export import EXPORT_TYPES, export_gguf
 from .gguf_read import ModelConfig, UnsupportedModelError, open_gguf, read_config, read_gguf
 from .model import DraftModel, load_gguf
 
 __all__ = [
     "DraftModel",
+    "EXPORT_TYPES",
     "ModelConfig",
     "UnsupportedModelError",
+    "export_gguf",
     "load_gguf",
     "open_gguf",
     "read_config",
