@@ -20,16 +20,25 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from .export import EXPORT_TYPES, export_gguf
 from .gguf_read import ModelConfig, UnsupportedModelError, open_gguf, read_config, read_gguf
+from .losses import LOSSES, TopK, cross_entropy, distill_loss, forward_kl, jsd, reverse_kl, target_tokens
 from .model import DraftModel, load_gguf
 
 __all__ = [
     "DraftModel",
     "EXPORT_TYPES",
+    "LOSSES",
     "ModelConfig",
+    "TopK",
     "UnsupportedModelError",
+    "cross_entropy",
+    "distill_loss",
     "export_gguf",
+    "forward_kl",
+    "jsd",
     "load_gguf",
     "open_gguf",
     "read_config",
     "read_gguf",
+    "reverse_kl",
+    "target_tokens",
 ]
