@@ -13,8 +13,8 @@ tiny models, up to ~0.76 on real ones (whose logits reach 30-75).
 Argmax: identical at every position for f32/f16/bf16 weights. With quantized weights those
 differences flip the argmax where the top two logits nearly tie, so a flip is allowed only where
 both evaluations' top-2 gap is below NEAR_TIE, and is reported (measured: gaps 0.001-0.076 on the
-tiny quantized models, llama.cpp 0.013 / PyTorch 0.033 on SmolLM2, 0.003 / 0.038 on Qwen; no
-other flips). Tolerances are about twice the largest difference measured on the development
+tiny quantized models, llama.cpp 0.013 / PyTorch 0.033 on the SmolLM2 draft, 0.003 / 0.038 on
+Qwen, one flip each; none elsewhere). Tolerances are about twice the largest difference measured on the development
 machine; the measured value is stated next to each.
 """
 
@@ -39,7 +39,7 @@ TINY_TOL = 0.02
 # F16 0.0065, BF16 0.035, Q8_0 0.11, Q5_0 0.15, Q4_0 0.14, Q4_1 0.16, Q4_K_M (Q4_K + Q6_K) 0.16.
 QUANT_TOL = {"F16": 0.02, "BF16": 0.08, "Q8_0": 0.25, "Q5_0": 0.3, "Q4_0": 0.3, "Q4_1": 0.3, "Q4_K_M": 0.3}
 ARGMAX_EXACT = {"F16", "BF16"}
-NEAR_TIE = 0.1
+NEAR_TIE = 0.25  # top-2 logit gap below which a flip is a near-tie (as in tests/test_real_models.py)
 
 TINY_VARIANTS = {
     "llama": dict(arch="llama"),
@@ -160,9 +160,9 @@ def test_quantized_model_matches_llama_cpp(wide_model: Path, tokens: list[int], 
 # Real models (marked `model`)
 
 # Measured max |logit diff| on GOLDEN_TEXT: SmolLM2 4-layer draft (Q8_0 embedding/head, Q4_1
-# blocks; logits up to ~74) 0.76; Qwen2.5-Coder 0.5B (Q5_0 / Q8_0 / Q4_K / Q6_K, logits up to ~28) 0.52.
+# blocks; logits up to ~74) 0.76; Qwen2.5-Coder 0.5B (Q5_0 / Q8_0 / Q4_K / Q6_K, logits up to ~28) 0.65.
 SMOL_TOL = 1.5
-QWEN_TOL = 1.0
+QWEN_TOL = 1.3
 
 
 @pytest.mark.model
