@@ -20,7 +20,7 @@ import torch
 import pyspec
 from online_golden import GOLDEN_TEXT, compare, golden_tokens, quantize_with_llama_cpp
 from pyspec._models.tiny import build_tiny_model
-from pyspec.online import EXPORT_TYPES, export_gguf, load_gguf, open_gguf
+from pyspec.online import EXPORT_TYPES, DraftModel, export_gguf, load_gguf, open_gguf
 from pyspec.online import export as export_module
 
 # Measured maxima over the two tiny sources (logits up to ~17 for llama, ~75 for the tied qwen2):
@@ -156,7 +156,7 @@ REAL_ENGINE_TOL = {"f16": 0.1, "q8_0": 1.5}
 
 
 @pytest.fixture(scope="module")
-def smol_model(smol_draft: Path):
+def smol_model(smol_draft: Path) -> DraftModel:
     return load_gguf(smol_draft)
 
 

@@ -177,10 +177,8 @@ def test_smollm2_draft_matches_llama_cpp(smol_draft: Path) -> None:
 
 @pytest.mark.model
 def test_qwen_draft_matches_llama_cpp() -> None:
-    from pyspec.models import resolve_model
-
-    path = resolve_model("qwen2.5-coder-0.5b-instruct")
-    model = load_gguf(path)
+    model = load_gguf("qwen2.5-coder-0.5b-instruct")  # a registry name, resolved like Engine's
+    path = model.source_path
     assert (model.config.arch, model.config.qkv_bias, model.config.tied_output) == ("qwen2", True, False)
     result = compare(path, model, golden_tokens(path))
     print(f"qwen2.5 0.5b: {result.report()}", file=sys.stderr)

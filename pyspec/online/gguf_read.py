@@ -35,6 +35,7 @@ TESTED_TYPES = frozenset({
     gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K,
 })
 
+
 class UnsupportedModelError(SpecError, ValueError):
     """The GGUF uses an architecture, tensor or hyperparameter the PyTorch model does not have."""
 
@@ -163,15 +164,13 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
 def dequantize(tensor: gguf.ReaderTensor) -> np.ndarray:
     """One tensor as a writable float32 array of numpy shape (GGUF dimensions reversed)."""
     shape = tuple(int(d) for d in reversed(tensor.shape))
-    if tensor.tensor_type not in TESTED_TYPES:
-        log.warning("tensor %s: type %s is dequantized by gguf but not checked against llama.cpp here",
-                    tensor.name, tensor.tensor_type.name)
     try:
         values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
     except NotImplementedError:
         raise UnsupportedModelError(
             f"tensor {tensor.name}: the gguf package cannot dequantize type {tensor.tensor_type.name}") from None
-    values = np.array(values, dtype=np.float32, copy=True)  # off the read-only memory map
+    # F32 comes back as a view of the read-only memory map: copy it; other types are fresh arrays
+    values = np.array(values, dtype=np.float32, copy=not values.flags.writeable)
     return values.reshape(shape)
 
 
@@ -203,6 +202,10 @@ def read_gguf(path: str | os.PathLike[str]) -> tuple[ModelConfig, dict[str, np.n
     reader = open_gguf(path)
     config = read_config(reader)
     shapes = expected_shapes(config)
+    untested = sorted({t.tensor_type.name for t in reader.tensors if t.tensor_type not in TESTED_TYPES})
+    if untested:
+        log.warning("%s: tensor types %s are dequantized by gguf but not checked against llama.cpp "
+                    "by pyspec's tests", path, ", ".join(untested))
     weights: dict[str, np.ndarray] = {}
     for tensor in reader.tensors:
         values = dequantize(tensor)

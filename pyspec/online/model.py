@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..models import resolve_model
 from .gguf_read import ModelConfig, read_gguf
 
 
@@ -137,8 +138,9 @@ class DraftModel(nn.Module):
 
     @classmethod
     def from_gguf(cls, path: str | os.PathLike[str]) -> "DraftModel":
-        """Dequantizes every tensor of `path` to float32; raises UnsupportedModelError for other
-        architectures or tensors this module does not have."""
+        """Dequantizes every tensor of `path` (a GGUF path or registry name) to float32; raises
+        UnsupportedModelError for other architectures or tensors this module does not have."""
+        path = resolve_model(path)  # a registry name is fetched, as Engine does
         config, weights = read_gguf(path)
         with torch.device("meta"):  # no random initialisation of weights about to be replaced
             model = cls(config)
@@ -147,10 +149,10 @@ class DraftModel(nn.Module):
             module_name = name.replace("blk.", "blocks.", 1) if name.startswith("blk.") else name
             state[module_name] = torch.from_numpy(values)
         model.load_state_dict(state, strict=True, assign=True)
-        model.source_path = os.fspath(path)
+        model.source_path = path
         return model.eval()
 
 
 def load_gguf(path: str | os.PathLike[str]) -> DraftModel:
-    """The GGUF model at `path` as a float32 DraftModel in eval mode (see DraftModel.from_gguf)."""
+    """The GGUF model at `path` (or a registry name) as a float32 DraftModel in eval mode."""
     return DraftModel.from_gguf(path)
