@@ -10,6 +10,9 @@ tokenizes with and generates from. Target/draft pairs share one vocabulary:
 - `base_seed=B, perturb=p` gives the weights of seed B plus p times independent noise drawn from
   `seed`: a "perturbed copy" draft that agrees with target B often but not always. `perturb=0`
   reproduces model B exactly.
+- `arch="qwen2"` writes the same model as a `qwen2` GGUF with q/k/v biases (llama.cpp then uses
+  NEOX-style rope); `tied_output=True` leaves out output.weight, so the head is the embedding.
+  Both exist for the PyTorch loader's tests (pyspec.online); the defaults give the files above.
 
 Installed as `pyspec._models.tiny`; run as `python -m pyspec._models.tiny OUT.gguf [--seed S]`.
 """
@@ -55,6 +58,9 @@ EMBED_STD = 1.0
 QK_GAIN = 2.0           # q and k projections, relative to 1/sqrt(n_embd)
 PROJ_GAIN = 0.5         # v, attn_output, ffn_* projections, relative to 1/sqrt(fan_in)
 LOGIT_STD = 4.0
+BIAS_STD = 0.5          # q, k, v biases of arch="qwen2"
+
+ARCHS = ("llama", "qwen2")
 
 # Text the merges are learned from: English prose and Python code, so that common words,
 # indentation and keywords become single tokens. Changing it changes every tiny vocabulary.
@@ -206,7 +212,8 @@ def _standard_normal(seed: int, stream: int, name: str, shape: tuple[int, ...]) 
 
 
 def _tensor_specs(
-    n_vocab: int, n_layer: int, n_embd: int, n_head: int, n_head_kv: int, n_ff: int
+    n_vocab: int, n_layer: int, n_embd: int, n_head: int, n_head_kv: int, n_ff: int,
+    qkv_bias: bool = False, tied_output: bool = False,
 ) -> list[tuple[str, tuple[int, ...], float | None]]:
     """(name, numpy shape, std) of every tensor, in file order; std None means all ones (norms).
 
@@ -231,10 +238,15 @@ def _tensor_specs(
             (f"{blk}.ffn_up.weight", (n_ff, n_embd), PROJ_GAIN / np.sqrt(n_embd)),
             (f"{blk}.ffn_down.weight", (n_embd, n_ff), PROJ_GAIN / np.sqrt(n_ff)),
         ]
-    specs += [
-        ("output_norm.weight", (n_embd,), None),
-        ("output.weight", (n_vocab, n_embd), LOGIT_STD / np.sqrt(n_embd)),
-    ]
+        if qkv_bias:
+            specs += [
+                (f"{blk}.attn_q.bias", (n_embd_q,), BIAS_STD),
+                (f"{blk}.attn_k.bias", (n_embd_kv,), BIAS_STD),
+                (f"{blk}.attn_v.bias", (n_embd_kv,), BIAS_STD),
+            ]
+    specs.append(("output_norm.weight", (n_embd,), None))
+    if not tied_output:
+        specs.append(("output.weight", (n_vocab, n_embd), LOGIT_STD / np.sqrt(n_embd)))
     return specs
 
 
@@ -251,6 +263,8 @@ def build_tiny_model(
     n_merges: int = 200,
     base_seed: int | None = None,
     perturb: float = 0.0,
+    arch: str = "llama",
+    tied_output: bool = False,
 ) -> Path:
     """Write a tiny random `llama` GGUF to `path` and return the path.
 
@@ -258,8 +272,12 @@ def build_tiny_model(
     base_seed: if set, the weights are those of `base_seed` plus `perturb` * noise from `seed`;
                perturb=0 reproduces the `base_seed` model byte for byte.
     The output rows of the special tokens are zero, so their logit is always 0 and greedy
-    decoding never picks them (generation runs until the requested length).
+    decoding never picks them (generation runs until the requested length); with
+    tied_output=True those rows are zero in the embedding, which is the output head.
+    arch:      "llama", or "qwen2" (adds q/k/v biases; llama.cpp uses NEOX rope for it).
     """
+    if arch not in ARCHS:
+        raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
     if n_embd % n_head or n_head % n_head_kv:
         raise ValueError(f"n_embd={n_embd} must divide by n_head={n_head}, "
                          f"and n_head by n_head_kv={n_head_kv}")
@@ -272,7 +290,7 @@ def build_tiny_model(
     im_end_id = tokens.index(IM_END_TEXT)
     weight_seed = seed if base_seed is None else base_seed
 
-    writer = gguf.GGUFWriter(None, "llama")
+    writer = gguf.GGUFWriter(None, arch)
     writer.add_name("pyspec-tiny")
     if perturb > 0:
         weights = f"seed {base_seed} + {perturb!r} * noise of seed {seed}"
@@ -303,7 +321,9 @@ def build_tiny_model(
     writer.add_add_eos_token(False)
     writer.add_chat_template(CHATML_TEMPLATE)
 
-    for name, shape, std in _tensor_specs(n_vocab, n_layer, n_embd, n_head, n_head_kv, n_ff):
+    specs = _tensor_specs(n_vocab, n_layer, n_embd, n_head, n_head_kv, n_ff,
+                          qkv_bias=arch == "qwen2", tied_output=tied_output)
+    for name, shape, std in specs:
         if std is None:
             writer.add_tensor(name, np.ones(shape, dtype=np.float32))
             continue
@@ -311,7 +331,7 @@ def build_tiny_model(
         if perturb > 0:
             values = values + perturb * _standard_normal(seed, 1, name, shape)
         values = (std * values).astype(np.float32)
-        if name == "output.weight":
+        if name == ("token_embd.weight" if tied_output else "output.weight"):
             values[n_vocab - len(SPECIAL_TOKENS):] = 0.0
         writer.add_tensor(name, values)
 

@@ -42,3 +42,11 @@ def engines(tiny_target: str, tiny_drafts: dict[str, str]):
     yield made
     for engine in made.values():
         engine.close()
+
+
+@pytest.fixture(scope="session")
+def smol_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 4-block draft cut from SmolLM2-135M (real weights; for tests marked `model`)."""
+    from pyspec.models import derive_draft
+
+    return derive_draft("smollm2-135m-instruct", 4, tmp_path_factory.mktemp("smol_draft") / "smol4.gguf")
