@@ -25,12 +25,13 @@ class GenerationConfig:
     top_k / top_p / min_p (all verification is exact unless acceptance="typical").
 
     method: "none" (plain decoding), "chain" (draft model proposes a chain of n_draft tokens),
-    "tree" (draft model grows a token tree of tree_nodes nodes, at most tree_depth deep, expanding
-    the tree_expand most probable frontier nodes per draft decode with tree_branching children
-    each), "beam" (draft-model beam search: beams x beam_length, compressed into a tree),
+    "tree" (draft model grows candidates layer by layer, tree_depth layers, decoding the
+    tree_expand best candidates of each layer together and adding their tree_branching likeliest
+    tokens; the tree_nodes best candidates overall are verified), "beam" (draft-model beam search: beams x beam_length, compressed into a tree),
     "lookup" (no draft model: prompt lookup proposes up to n_draft tokens that followed an earlier
     occurrence of the last lookup_ngram_max .. lookup_ngram_min tokens, and the engine's phrase
-    pool adds up to pool_branches phrases as extra branches, pool_max_nodes nodes in all),
+    pool adds up to pool_branches phrases as extra branches, max(n_draft, pool_max_nodes) nodes
+    in all),
     "ouroboros" (draft model drafts n_draft tokens phrase by phrase, checking pool phrases in its
     own decodes, then pool_branches pool phrases lengthen the draft). None: "chain" when the
     engine has a draft model, else "none".
@@ -58,10 +59,10 @@ class GenerationConfig:
     seed: int | None = None
     lookup_ngram_max: int = 3
     lookup_ngram_min: int = 1
-    tree_nodes: int = 16
+    tree_nodes: int = 8
     tree_depth: int = 6
     tree_branching: int = 4
-    tree_expand: int = 4
+    tree_expand: int = 1
     beams: int = 4
     beam_length: int = 5
     pool: bool = True

@@ -55,7 +55,8 @@ def test_lookup_greedy_equals_plain(engines, n_draft: int) -> None:
 
 def test_lookup_accepts_on_repeated_text(engines) -> None:
     n_draft = 4
-    r = engines["independent"].generate(PROMPTS[2], max_tokens=64, method="lookup", n_draft=n_draft)
+    r = engines["independent"].generate(PROMPTS[2], max_tokens=64, method="lookup", n_draft=n_draft,
+                                         pool=False)
     assert_step_invariants(r, n_draft, max_tokens=64)
     assert r.stats.n_accepted > 0
     assert r.stats.tokens_per_target_call > 1.0
@@ -69,7 +70,7 @@ def test_proposals_match_reference(engines, ngram_max: int, ngram_min: int) -> N
     n_draft, max_tokens = 6, 80
     n_nonempty = 0
     for prompt in (PROMPTS[2], PROMPTS[4]):
-        r = engine.generate(prompt, max_tokens=max_tokens, method="lookup", n_draft=n_draft,
+        r = engine.generate(prompt, max_tokens=max_tokens, method="lookup", n_draft=n_draft, pool=False,
                             lookup_ngram_max=ngram_max, lookup_ngram_min=ngram_min)
         t = r.trace
         for step in range(t.n_steps):
@@ -127,3 +128,13 @@ def test_default_draft_length_per_method(engines) -> None:
     for method in ("chain", "lookup"):
         r = engine.generate("def f():", max_tokens=8, method=method)
         assert len(r.stats.accept_histogram) == DEFAULT_N_DRAFT[method] + 1
+
+
+def test_long_lookup_chain_equals_plain(engines) -> None:
+    """Chains longer than a tree may be (63 nodes) are fine: one leaf, no extra sequences."""
+    engine = engines["perturbed"]
+    prompt = "abc abc abc abc abc abc abc abc abc abc abc abc"
+    plain = engine.generate(prompt, max_tokens=120, method="none")
+    spec = engine.generate(prompt, max_tokens=120, method="lookup", n_draft=100, pool=False)
+    assert spec.tokens == plain.tokens
+    assert spec.stats.n_drafted > 0

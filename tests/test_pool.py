@@ -161,7 +161,7 @@ def test_pool_usable_while_generating(engine, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("options,message", [
-    (dict(method="lookup", pool_branches=-1), "n_branches must be >= 0"),
+    (dict(method="lookup", pool_branches=-1), r"n_branches must be in \[0, 62\]"),
     (dict(method="lookup", pool_phrase_len=1), "phrase_len must be in"),
     (dict(method="ouroboros", pool_max_nodes=0), "max_nodes must be in"),
     (dict(method="ouroboros", n_draft=0), "n_draft must be in"),

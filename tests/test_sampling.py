@@ -122,12 +122,18 @@ def lookup_prompt(engine) -> list[int]:
 @pytest.mark.parametrize(
     "kind,method",
     [("perturbed", "chain"), ("independent", "chain"), ("perturbed", "none"), ("perturbed", "lookup"),
-     ("perturbed", "tree"), ("perturbed", "beam"), ("independent", "tree"), ("perturbed", "ouroboros")],
+     ("perturbed", "tree"), ("perturbed", "beam"), ("independent", "tree"), ("perturbed", "ouroboros"),
+     ("perturbed", "lookup+pool")],
 )
 def test_decoder_samples_target_distribution(engines, kind: str, method: str) -> None:
     """Joint distribution of the first two generated tokens at temperature 1, top_k 6."""
     engine = engines[kind]
     sampling = dict(temperature=1.0, top_k=6)
+    # "lookup": plain prompt lookup (a chain); "lookup+pool": with the phrase pool's branches.
+    options = {"pool": method == "lookup+pool"} if method.startswith("lookup") else {}
+    method = method.split("+")[0]
+    if options.get("pool"):
+        engine.generate(lookup_prompt(engine), max_tokens=40, method="lookup")  # phrases to propose
     prompt = lookup_prompt(engine) if method == "lookup" else engine.tokenize("def hello():\n    return")
     p1 = target_probs(engine, prompt, **sampling)
     support = np.flatnonzero(p1)
@@ -142,14 +148,15 @@ def test_decoder_samples_target_distribution(engines, kind: str, method: str) ->
     n_runs = 1500
     n_first_drafted = n_accepted = 0
     for seed in range(n_runs):
-        r = engine.generate(prompt, max_tokens=3, method=method, n_draft=3, seed=seed, **sampling)
+        r = engine.generate(prompt, max_tokens=3, method=method, n_draft=3, seed=seed, **sampling, **options)
         counts[index.get((r.tokens[0], r.tokens[1]), len(cells))] += 1
         n_first_drafted += len(r.trace.drafted(0))
         n_accepted += r.stats.n_accepted
     assert counts[-1] == 0, "generated a pair the target gives probability 0"
-    if method == "lookup":
+    if method == "lookup" and not options["pool"]:
         # Every run drafted both tested tokens at step one, and some drafts were accepted.
         assert n_first_drafted == 2 * n_runs
+    if method == "lookup":
         assert n_accepted > 0
     expected = np.array([joint[c] for c in cells])
     assert chi_square_pvalue(counts[:-1], expected / expected.sum()) > ALPHA

@@ -178,7 +178,7 @@ DraftShape draft_shape(const GenerateParams& params) {
     if (params.method == "beam") return {params.beam.length, params.beam.n_beams * params.beam.length};
     if (params.method == "none") return {0, 0};
     const bool pool = params.pool.enabled && params.pool.n_branches > 0;
-    if (params.method == "lookup") return {params.n_draft, pool ? params.pool.max_nodes : params.n_draft};
+    if (params.method == "lookup") return {params.n_draft, pool ? std::max(params.n_draft, params.pool.max_nodes) : params.n_draft};
     if (params.method == "ouroboros") {
         // gamma draft-model tokens, then up to K pool branches of up to phrase_len - 1 tokens.
         const int32_t branch = pool ? params.pool.phrase_len - 1 : 0;

@@ -129,7 +129,7 @@ private:
 class PoolLookupDrafter final : public Drafter {
 public:
     PoolLookupDrafter(const LookupParams& lookup, PhrasePool* pool, const PoolParams& params)
-        : chain_(make_prompt_lookup_drafter(lookup)), pool_(pool, params), max_nodes_(params.max_nodes) {}
+        : chain_(make_prompt_lookup_drafter(lookup)), pool_(pool, params) {}
 
     std::string name() const override { return pool_.active() ? "prompt-lookup+pool" : "prompt-lookup"; }
 
@@ -149,7 +149,7 @@ public:
             stats_.n_proposed += int64_t(out.tokens.size());
             return;
         }
-        const int32_t max_nodes = std::min(max_nodes_, request.n_nodes_max);
+        const int32_t max_nodes = request.n_nodes_max;  // max(n_draft, pool max_nodes), see the decoder
         add_chain(out.tokens, out.parents, -1, chain_draft_.tokens.data(),
                   std::min<int32_t>(int32_t(chain_draft_.tokens.size()), max_nodes), max_nodes);
         pool_.add_branches(*request.tokens, -1, request.n_draft_max, max_nodes, out);
@@ -176,7 +176,6 @@ public:
 private:
     std::unique_ptr<Drafter> chain_;
     PoolUser pool_;
-    int32_t max_nodes_;
     Draft chain_draft_;
     int32_t last_root_ = 0;
     std::vector<int32_t> last_tokens_;  // [n] the last draft (chain + branches)
@@ -348,7 +347,10 @@ private:
 }  // namespace
 
 void validate(const PoolParams& params) {
-    if (params.n_branches < 0) throw InvalidArgumentError("pool n_branches must be >= 0, got " + std::to_string(params.n_branches));
+    if (params.n_branches < 0 || params.n_branches > kMaxTreeSeqs - 2) {
+        throw InvalidArgumentError("pool n_branches must be in [0, " + std::to_string(kMaxTreeSeqs - 2) + "], got " +
+                                   std::to_string(params.n_branches));
+    }
     if (params.phrase_len < 2 || params.phrase_len > kPhraseLenLimit) {
         throw InvalidArgumentError("pool phrase_len must be in [2, " + std::to_string(kPhraseLenLimit) + "], got " +
                                    std::to_string(params.phrase_len));

@@ -2,7 +2,6 @@
 // cache in step with the target the same way (DraftTreeKv below).
 #include <algorithm>
 #include <cmath>
-#include <queue>
 #include <string>
 #include <vector>
 
@@ -167,6 +166,11 @@ public:
 
     std::string name() const override { return "draft-model-tree"; }
 
+    // EAGLE-2's dynamic tree: grow candidates layer by layer (each layer: decode the n_expand
+    // best-scoring candidates of the layer in one batch, add their `branching` likeliest tokens
+    // as the next layer), then keep the n_nodes best-scoring candidates of all layers. A score is
+    // the product of draft probabilities along the path, so a child never outscores its parent
+    // and the kept candidates form a tree.
     void draft(const DraftRequest& request, Draft& out) override {
         out.clear();
         ++stats_.n_draft_calls;
@@ -175,42 +179,36 @@ public:
         const int32_t depth_max = std::min(params_.depth, request.n_draft_max);
         const float* root_logits = kv_.feed(*request.tokens, stats_);
         node_seq_.clear();
+        cands_.clear();
         if (n_nodes_max > 0 && depth_max > 0) {
-            std::priority_queue<Candidate> frontier;
-            push_children(root_logits, n_vocab, -1, 0, 1.0, *request.sampling, frontier);
-            std::vector<int32_t> expand;  // nodes to decode this round
+            push_children(root_logits, n_vocab, -1, 0, 1.0, *request.sampling);
+            size_t layer_begin = 0;
+            std::vector<int32_t> layer;
             std::vector<DraftTreeKv::NewNode> batch;
-            while (int32_t(out.tokens.size()) < n_nodes_max && !frontier.empty()) {
-                expand.clear();
-                while (int32_t(expand.size()) < params_.n_expand && !frontier.empty() &&
-                       int32_t(out.tokens.size()) < n_nodes_max) {
-                    const Candidate c = frontier.top();
-                    frontier.pop();
-                    const int32_t node = int32_t(out.tokens.size());
-                    out.tokens.push_back(c.token);
-                    out.parents.push_back(c.parent);
-                    depth_.resize(size_t(node) + 1);
-                    score_.resize(size_t(node) + 1);
-                    depth_[size_t(node)] = c.depth;
-                    score_[size_t(node)] = c.score;
-                    node_seq_.push_back(0);
-                    if (c.depth + 1 < depth_max && !model_.is_eog(c.token)) expand.push_back(node);
+            for (int32_t depth = 0; depth + 1 < depth_max; ++depth) {
+                const size_t layer_end = cands_.size();
+                layer.clear();
+                for (size_t c = layer_begin; c < layer_end; ++c) {
+                    if (!model_.is_eog(cands_[c].token)) layer.push_back(int32_t(c));
                 }
-                if (int32_t(out.tokens.size()) >= n_nodes_max || expand.empty()) continue;
+                layer_begin = layer_end;
+                if (layer.empty()) break;
+                std::stable_sort(layer.begin(), layer.end(),
+                                 [this](int32_t x, int32_t y) { return cands_[size_t(x)].score > cands_[size_t(y)].score; });
+                layer.resize(std::min(layer.size(), size_t(params_.n_expand)));
                 batch.clear();
-                for (int32_t node : expand) {
-                    const int32_t parent = out.parents[size_t(node)];
-                    batch.push_back({out.tokens[size_t(node)], parent < 0 ? 0 : node_seq_[size_t(parent)],
-                                     depth_[size_t(node)]});
+                for (int32_t c : layer) {
+                    const Candidate& cand = cands_[size_t(c)];
+                    batch.push_back({cand.token, cand.parent < 0 ? 0 : cands_[size_t(cand.parent)].seq, cand.depth});
                 }
                 const std::vector<int32_t> seqs = kv_.decode(batch, stats_);
-                for (size_t i = 0; i < expand.size(); ++i) {
-                    const int32_t node = expand[i];
-                    node_seq_[size_t(node)] = seqs[i];
-                    push_children(model_.logits(int32_t(i)), n_vocab, node, depth_[size_t(node)] + 1,
-                                  score_[size_t(node)], *request.sampling, frontier);
+                for (size_t i = 0; i < layer.size(); ++i) {
+                    Candidate& cand = cands_[size_t(layer[i])];
+                    cand.seq = seqs[i];
+                    push_children(model_.logits(int32_t(i)), n_vocab, layer[i], depth + 1, cand.score, *request.sampling);
                 }
             }
+            select(n_nodes_max, out);
         }
         last_tokens_ = out.tokens;
         last_parents_ = out.parents;
@@ -219,24 +217,43 @@ public:
 
 private:
     struct Candidate {
-        double score;  // product of draft probabilities along the path
-        int32_t parent, token, depth;
-        bool operator<(const Candidate& o) const { return score < o.score; }
+        int32_t token, parent, depth;  // parent: candidate index, -1 for the root
+        double score;                  // product of draft probabilities along the path
+        int32_t seq = 0;               // draft KV sequence once decoded
     };
 
     void push_children(const float* logits, int32_t n_vocab, int32_t parent, int32_t depth, double parent_score,
-                       const SamplingParams& sampling, std::priority_queue<Candidate>& frontier) {
+                       const SamplingParams& sampling) {
         draft_distribution(logits, n_vocab, sampling, probs_, scratch_);
         top_k_entries(probs_.data(), n_vocab, params_.branching, top_ids_, top_probs_);
         for (size_t k = 0; k < top_ids_.size(); ++k) {
             if (top_probs_[k] <= 0.0f) break;  // outside the sampling support: the target never emits it
-            frontier.push({parent_score * double(top_probs_[k]), parent, top_ids_[k], depth});
+            cands_.push_back({top_ids_[k], parent, depth, parent_score * double(top_probs_[k])});
+        }
+    }
+
+    // The n best candidates, best first (a parent before its children, siblings likeliest first).
+    void select(int32_t n, Draft& out) {
+        order_.resize(cands_.size());
+        for (size_t c = 0; c < cands_.size(); ++c) order_[c] = int32_t(c);
+        std::stable_sort(order_.begin(), order_.end(),
+                         [this](int32_t x, int32_t y) { return cands_[size_t(x)].score > cands_[size_t(y)].score; });
+        node_of_.assign(cands_.size(), -1);
+        for (int32_t c : order_) {
+            if (int32_t(out.tokens.size()) >= n) break;
+            const Candidate& cand = cands_[size_t(c)];
+            const int32_t parent_node = cand.parent < 0 ? -1 : node_of_[size_t(cand.parent)];
+            if (cand.parent >= 0 && parent_node < 0) continue;  // its parent was not kept (a tie)
+            node_of_[size_t(c)] = int32_t(out.tokens.size());
+            out.tokens.push_back(cand.token);
+            out.parents.push_back(parent_node);
+            node_seq_.push_back(cand.seq);
         }
     }
 
     TreeParams params_;
-    std::vector<int32_t> depth_;  // [n] depth of each node
-    std::vector<double> score_;   // [n]
+    std::vector<Candidate> cands_;
+    std::vector<int32_t> order_, node_of_;
 };
 
 class ModelBeamDrafter final : public ModelTreeDrafterBase {
@@ -375,6 +392,11 @@ void validate(const TreeParams& params) {
         throw InvalidArgumentError("tree branching must be >= 1, got " + std::to_string(params.branching));
     }
     if (params.n_expand < 1) throw InvalidArgumentError("tree n_expand must be >= 1, got " + std::to_string(params.n_expand));
+    // Every decoded candidate holds a KV sequence of the draft model.
+    if (int64_t(params.depth - 1) * params.n_expand > kMaxTreeNodes) {
+        throw InvalidArgumentError("tree (depth - 1) * n_expand must be <= " + std::to_string(kMaxTreeNodes) + ", got (" +
+                                   std::to_string(params.depth) + " - 1) * " + std::to_string(params.n_expand));
+    }
 }
 
 void validate(const BeamParams& params) {

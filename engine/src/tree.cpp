@@ -8,10 +8,6 @@
 namespace spec {
 
 void validate_tree(const std::vector<int32_t>& parents) {
-    if (int64_t(parents.size()) > kMaxTreeNodes) {
-        throw InvalidArgumentError("a draft tree has at most " + std::to_string(kMaxTreeNodes) + " nodes, got " +
-                                   std::to_string(parents.size()));
-    }
     for (size_t i = 0; i < parents.size(); ++i) {
         if (parents[i] < -1 || parents[i] >= int32_t(i)) {
             throw InvalidArgumentError("tree node " + std::to_string(i) + " has parent " + std::to_string(parents[i]) +
@@ -55,6 +51,10 @@ TreeBatchLayout layout_tree(const std::vector<int32_t>& parents) {
 
     // Leaves get 1..n_leaves in node order; each leaf's sequence id goes up the path to the root.
     // Walking leaves in increasing order makes every node's first id its lowest leaf.
+    if (n_leaves + 1 > kMaxTreeSeqs) {
+        throw InvalidArgumentError("a draft tree has at most " + std::to_string(kMaxTreeSeqs - 1) + " leaves, got " +
+                                   std::to_string(n_leaves));
+    }
     layout.n_leaves = n_leaves;
     int32_t seq = 0;
     for (size_t i = 0; i < n; ++i) {

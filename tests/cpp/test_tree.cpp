@@ -59,7 +59,9 @@ void test_validation() {
     CHECK(throws_invalid([] { validate_tree({-1, 1}); }, "tree node 1 has parent 1"));
     CHECK(throws_invalid([] { validate_tree({0}); }, "tree node 0 has parent 0"));
     CHECK(throws_invalid([] { validate_tree({-1, -2}); }, "parent -2"));
-    CHECK(throws_invalid([] { validate_tree(std::vector<int32_t>(size_t(kMaxTreeNodes) + 1, -1)); }, "at most"));
+    CHECK(throws_invalid([] { layout_tree(std::vector<int32_t>(size_t(kMaxTreeSeqs), -1)); }, "at most 63 leaves"));
+    CHECK(layout_tree(std::vector<int32_t>(size_t(kMaxTreeSeqs - 1), -1)).n_leaves == kMaxTreeSeqs - 1);
+    CHECK(layout_tree(chain_parents(200)).depth.back() == 199);  // long chains need no leaf sequences
     CHECK(throws_invalid([] { prefix_match({1, 2, 3}, 2, 2); }, "n_beams * length"));
     CHECK(throws_invalid([] { verify_tree_greedy({1, 2}, {-1, -1}, {0, 0}); }, "need n + 1"));
 }

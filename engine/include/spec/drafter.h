@@ -80,19 +80,19 @@ std::unique_ptr<Drafter> make_model_chain_drafter(Model& draft_model);
 
 // Settings of the draft-model tree drafter.
 struct TreeParams {
-    int32_t n_nodes = 16;    // node budget of one tree (<= kMaxTreeNodes)
-    int32_t depth = 6;       // longest path
-    int32_t branching = 4;   // children considered per expanded node (draft top-k)
-    int32_t n_expand = 4;    // frontier nodes expanded together in one draft decode
+    int32_t n_nodes = 8;     // nodes verified per step (<= kMaxTreeNodes)
+    int32_t depth = 6;       // longest path (draft decodes per step: depth - 1, plus the root)
+    int32_t branching = 4;   // children considered per expanded candidate (draft top-k)
+    int32_t n_expand = 1;    // candidates of a layer expanded together in one draft decode
 };
 
-// A draft model growing a token tree best-first (EAGLE-2's confidence-guided expansion): a node's
-// score is the product of draft probabilities along its path; each draft decode expands the
-// n_expand best-scoring frontier nodes at once (one batch, each node in its own KV sequence that
-// shares its ancestors' cells), adding their top `branching` tokens to the frontier, until the
-// tree has n_nodes nodes or depth is reached. Children are chosen deterministically (top-k), so
-// the draft is deterministic (one-hot q) and exact under sampling too. The accepted path's KV
-// cells are kept for the next step; every other branch is dropped.
+// EAGLE-2's dynamic draft tree with a draft model: candidates grow layer by layer (each layer's
+// n_expand best-scoring candidates are decoded in one batch, each in its own KV sequence that
+// shares its ancestors' cells, and their `branching` likeliest tokens form the next layer); a
+// candidate's score is the product of draft probabilities along its path; the n_nodes
+// best-scoring candidates of all layers are verified. Children are chosen deterministically
+// (top-k), so the draft is deterministic (one-hot q) and exact under sampling too. The accepted
+// path's KV cells are kept for the next step; every other branch is dropped.
 std::unique_ptr<Drafter> make_model_tree_drafter(Model& draft_model, const TreeParams& params);
 
 // Settings of the beam-search drafter.
@@ -139,7 +139,8 @@ struct PoolParams {
     bool enabled = true;             // propose pool phrases (false: lookup is plain prompt lookup)
     int32_t n_branches = 2;          // K: pool phrases added as extra branches per step
     int32_t phrase_len = 8;          // N: length of the phrases harvested from prompts and outputs
-    int32_t max_nodes = 16;          // lookup: node budget of one step's tree (chain + branches)
+    int32_t max_nodes = 16;          // lookup: node budget of one step's tree, chain + branches
+                                     // (at least the chain's n_draft)
     bool harvest_prompt = true;      // source: n-grams of each prompt
     bool harvest_generated = true;   // source: n-grams of each output (kept for later requests)
     bool harvest_verification = true;  // source: target-confirmed pieces of rejected drafts

@@ -14,8 +14,9 @@ namespace spec {
 
 // Sequences one target call can address: 1 for the committed sequence plus one per leaf of the
 // tree. llama.cpp allows up to 256 (LLAMA_MAX_SEQ); 64 keeps the per-cell bookkeeping small and
-// is far above the trees worth verifying on a CPU. Trees are limited to kMaxTreeNodes nodes,
-// which bounds their leaves as well.
+// is far above the trees worth verifying on a CPU. The tree drafters build at most kMaxTreeNodes
+// nodes (each decoded draft node takes a sequence of the draft model too); a chain, one leaf,
+// may be longer.
 constexpr int32_t kMaxTreeSeqs = 64;
 constexpr int32_t kMaxTreeNodes = kMaxTreeSeqs - 1;
 
@@ -44,6 +45,7 @@ struct TreeBatchLayout {
     int32_t n_leaves = 0;                       // leaf sequences used (0 for a chain)
 };
 
+// Throws InvalidArgumentError for a malformed tree or more than kMaxTreeSeqs - 1 leaves.
 TreeBatchLayout layout_tree(const std::vector<int32_t>& parents);
 
 // ReDrafter's get_prefix_match: for beams [n_beams, length] (row-major), match[i][j] is the
