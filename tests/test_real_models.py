@@ -1,5 +1,6 @@
-"""Real models (marked `model`): greedy chain and lookup speculation on the Qwen2.5-Coder pair equal
-plain greedy decoding on five HumanEval prompts through the chat template.
+"""Real models (marked `model`): greedy speculation (chain, tree, beam, lookup with the phrase pool,
+ouroboros) on the Qwen2.5-Coder pair equals plain greedy decoding on five HumanEval prompts
+through the chat template.
 
 On this backend batched and one-token logits differ slightly (DESIGN.md, "Numerics"), so a
 divergence is allowed only where it sits on a near-tie: the target's top-2 logit gap at the
@@ -33,15 +34,22 @@ def top2_gap(logits: np.ndarray) -> float:
     return float(top[1] - top[0])
 
 
-@pytest.mark.parametrize("method,n_draft", [("chain", 4), ("lookup", 8)])
-def test_greedy_identical_on_humaneval(qwen_engine, method: str, n_draft: int) -> None:
+@pytest.fixture(scope="module")
+def plain_runs(qwen_engine):
     from pyspec.data import load_suite
 
     prompts = load_suite("humaneval", n=5)
+    return [(p, qwen_engine.generate(p.messages, max_tokens=48, method="none")) for p in prompts]
+
+
+@pytest.mark.parametrize("method,options", [
+    ("chain", dict(n_draft=4)), ("lookup", dict(n_draft=8)), ("tree", {}), ("beam", dict(beams=3, beam_length=5)),
+    ("ouroboros", {}),
+])
+def test_greedy_identical_on_humaneval(qwen_engine, plain_runs, method: str, options: dict) -> None:
     n_accepted = 0
-    for prompt in prompts:
-        plain = qwen_engine.generate(prompt.messages, max_tokens=48, method="none")
-        spec = qwen_engine.generate(prompt.messages, max_tokens=48, method=method, n_draft=n_draft)
+    for prompt, plain in plain_runs:
+        spec = qwen_engine.generate(prompt.messages, max_tokens=48, method=method, **options)
         n_accepted += spec.stats.n_accepted
         if spec.tokens == plain.tokens:
             continue
