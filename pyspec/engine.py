@@ -194,6 +194,10 @@ class Engine:
     def detokenize(self, tokens: Sequence[int], *, special: bool = False) -> str:
         return bytes(self._core.detokenize(list(tokens), special)).decode("utf-8", errors="replace")
 
+    def is_eog(self, token: int) -> bool:
+        """True for the target's end-of-generation tokens (EOS, EOT, ...)."""
+        return bool(self._core.is_eog(int(token)))
+
     def apply_chat_template(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> str:
         """Formats messages ([{"role": ..., "content": ...}]) with the target's chat template."""
         pairs = []

@@ -22,7 +22,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         'pyspec.online needs PyTorch: pip install "pyspec-engine[train]" (torch==2.13.0)'
     ) from exc
 
-from .buffer import ReplayBuffer, TraceSample, samples_from_result, top_k_of_logits
+from .buffer import ReplayBuffer, TraceSample, sample_from_rows, samples_from_result, top_k_of_logits
 from .distiller import DistillerStats, OnlineDistiller, RequestRecord
 from .export import EXPORT_TYPES, export_gguf
 from .gguf_read import ModelConfig, UnsupportedModelError, open_gguf, read_config, read_gguf
@@ -59,6 +59,7 @@ __all__ = [
     "read_config",
     "read_gguf",
     "reverse_kl",
+    "sample_from_rows",
     "samples_from_result",
     "target_tokens",
     "top_k_of_logits",

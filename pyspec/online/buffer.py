@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,31 +69,41 @@ def samples_from_result(result: GenerationResult, *, positions: str = "rejected"
     """
     if positions not in POSITIONS:
         raise ValueError(f"positions must be one of {', '.join(POSITIONS)}, got {positions!r}")
-    n_prompt = len(result.prompt_tokens)
-    sequence = np.asarray(list(result.prompt_tokens) + list(result.tokens), dtype=np.int32)
-    if positions == "rejected":
-        trace = result.trace
-        if trace.reject_positions.shape[0] == 0:
-            return None
-        rows = n_prompt - 1 + trace.reject_positions.astype(np.int32)
-        k_valid = int((trace.top_ids >= 0).all(axis=0).sum())  # columns padded with -1 (k > n_vocab)
-        top_ids, top_probs = trace.top_ids[:, :k_valid], trace.top_probs[:, :k_valid]
-    else:
+    if positions == "all":
         logits = teacher_logits if teacher_logits is not None else result.logits
         if logits is None:
             raise ValueError("positions='all' needs the target's rows: generate with return_logits=True "
                              "or pass teacher_logits (Engine.evaluate(all_rows=True))")
-        if logits.shape[0] != len(result.tokens):
-            raise ValueError(f"teacher rows [{logits.shape[0]}, ...] do not match the "
-                             f"{len(result.tokens)} generated tokens")
-        if logits.shape[0] == 0:
-            return None
-        rows = n_prompt - 1 + np.arange(logits.shape[0], dtype=np.int32)
-        top_ids, top_probs = top_k_of_logits(logits, top_k)
+        return sample_from_rows(result.prompt_tokens, result.tokens, logits, top_k=top_k, request=request,
+                                domain=domain)
+    trace = result.trace
+    if trace.reject_positions.shape[0] == 0:
+        return None
+    rows = len(result.prompt_tokens) - 1 + trace.reject_positions.astype(np.int32)
+    k_valid = int((trace.top_ids >= 0).all(axis=0).sum())  # columns padded with -1 (k > n_vocab)
+    return _sample(list(result.prompt_tokens) + list(result.tokens), rows, trace.top_ids[:, :k_valid],
+                   trace.top_probs[:, :k_valid], request, domain)
+
+
+def sample_from_rows(prompt_tokens: Sequence[int], tokens: Sequence[int], logits: np.ndarray, *,
+                     top_k: int = 32, request: int = 0, domain: str = "") -> TraceSample | None:
+    """Every position of a continuation `tokens` of `prompt_tokens`, with the target's logits
+    rows before each token ([len(tokens), n_vocab]); None when `tokens` is empty."""
+    if logits.shape[0] != len(tokens):
+        raise ValueError(f"teacher rows [{logits.shape[0]}, ...] do not match the {len(tokens)} generated tokens")
+    if not tokens:
+        return None
+    rows = len(prompt_tokens) - 1 + np.arange(len(tokens), dtype=np.int32)
+    top_ids, top_probs = top_k_of_logits(logits, top_k)
+    return _sample(list(prompt_tokens) + list(tokens), rows, top_ids, top_probs, request, domain)
+
+
+def _sample(sequence: list[int], rows: np.ndarray, top_ids: np.ndarray, top_probs: np.ndarray, request: int,
+            domain: str) -> TraceSample:
     order = np.argsort(rows, kind="stable")
     rows = rows[order]
     return TraceSample(
-        tokens=sequence[: int(rows[-1]) + 1].copy(),
+        tokens=np.asarray(sequence[: int(rows[-1]) + 1], dtype=np.int32),
         rows=rows,
         top_ids=np.ascontiguousarray(top_ids[order], dtype=np.int32),
         top_probs=np.ascontiguousarray(top_probs[order], dtype=np.float32),
