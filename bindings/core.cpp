@@ -6,6 +6,7 @@
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
+#include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
 #include "spec/decoder.h"
@@ -175,6 +176,7 @@ NB_MODULE(_core, m) {
         .def_rw("sampling", &spec::GenerateParams::sampling)
         .def_rw("stop", &spec::GenerateParams::stop)
         .def_rw("method", &spec::GenerateParams::method)
+        .def_rw("draft", &spec::GenerateParams::draft)
         .def_rw("n_draft", &spec::GenerateParams::n_draft)
         .def_rw("tree", &spec::GenerateParams::tree)
         .def_rw("beam", &spec::GenerateParams::beam)
@@ -222,12 +224,17 @@ NB_MODULE(_core, m) {
         .def_ro("prompt_tokens", &spec::GenerateResult::prompt_tokens)
         .def_ro("tokens", &spec::GenerateResult::tokens)
         .def_ro("finish_reason", &spec::GenerateResult::finish_reason)
+        .def_ro("draft_version", &spec::GenerateResult::draft_version)
         .def_ro("stats", &spec::GenerateResult::stats)
         .def_ro("trace", &spec::GenerateResult::trace)
         .def("take_logits", [](spec::GenerateResult& r, size_t n_vocab) {
             const size_t n_rows = n_vocab ? r.logits.size() / n_vocab : 0;
             return to_numpy(std::move(r.logits), {n_rows, n_vocab});
         }, "n_vocab"_a, "Moves the return_logits rows out as a numpy array [n_tokens, n_vocab].");
+
+    nb::class_<spec::Model>(m, "Model", "A loaded GGUF model and its context (from Engine.load_draft).")
+        .def_prop_ro("path", &spec::Model::path)
+        .def_prop_ro("n_vocab", &spec::Model::n_vocab);
 
     nb::class_<spec::Engine>(m, "Engine")
         .def("__init__", [](spec::Engine* self, const std::string& target, const std::string& draft, int32_t n_ctx,
@@ -255,17 +262,18 @@ NB_MODULE(_core, m) {
             nb::gil_scoped_release release;
             return engine.generate(prompt, params, callback);
         }, "prompt_tokens"_a, "params"_a, "on_text"_a = nb::none())
-        .def("evaluate", [](spec::Engine& engine, const std::vector<int32_t>& tokens, bool use_draft, bool all_rows) {
+        .def("evaluate", [](spec::Engine& engine, const std::vector<int32_t>& tokens, bool use_draft, bool all_rows,
+                            const std::string& draft_name) {
             std::vector<float> logits;
             size_t n_vocab;
             {
                 nb::gil_scoped_release release;
-                logits = engine.evaluate(tokens, use_draft, all_rows);
-                n_vocab = size_t((use_draft ? engine.draft() : engine.target()).n_vocab());
+                logits = engine.evaluate(tokens, use_draft, all_rows, draft_name);
+                n_vocab = size_t((use_draft ? engine.draft(draft_name) : engine.target()).n_vocab());
             }
             const size_t n_rows = logits.size() / n_vocab;
             return to_numpy(std::move(logits), {n_rows, n_vocab});
-        }, "tokens"_a, "use_draft"_a = false, "all_rows"_a = false)
+        }, "tokens"_a, "use_draft"_a = false, "all_rows"_a = false, "draft_name"_a = "")
         .def("tokenize", [](spec::Engine& e, const std::string& text, bool add_special, bool parse_special) {
             return e.target().tokenize(text, add_special, parse_special);
         }, "text"_a, "add_special"_a, "parse_special"_a)
@@ -284,12 +292,21 @@ NB_MODULE(_core, m) {
         .def("is_eog", [](spec::Engine& e, int32_t token) { return e.target().is_eog(token); })
         .def_prop_ro("n_vocab", [](spec::Engine& e) { return e.target().n_vocab(); })
         .def_prop_ro("n_ctx", [](spec::Engine& e) { return e.target().n_ctx(); })
-        .def_prop_ro("has_draft", &spec::Engine::has_draft)
+        .def_prop_ro("has_draft", [](spec::Engine& e) { return e.has_draft(); })
+        .def("has_draft_named", [](spec::Engine& e, const std::string& name) { return e.has_draft(name); }, "name"_a)
+        .def("draft_names", &spec::Engine::draft_names)
+        .def("draft_version", &spec::Engine::draft_version, "name"_a = "")
+        .def("load_draft", &spec::Engine::load_draft, "path"_a, nb::call_guard<nb::gil_scoped_release>())
+        .def("swap_draft", &spec::Engine::swap_draft, "model"_a, "name"_a = "",
+             nb::call_guard<nb::gil_scoped_release>())
+        .def("reload_draft", &spec::Engine::reload_draft, "path"_a, "name"_a = "",
+             nb::call_guard<nb::gil_scoped_release>())
+        .def("remove_draft", &spec::Engine::remove_draft, "name"_a, nb::call_guard<nb::gil_scoped_release>())
         .def_prop_ro("closed", &spec::Engine::closed)
-        .def("describe", [](spec::Engine& e, bool use_draft) {
-            spec::Model& model = use_draft ? e.draft() : e.target();
+        .def("describe", [](spec::Engine& e, bool use_draft, const std::string& draft_name) {
+            spec::Model& model = use_draft ? e.draft(draft_name) : e.target();
             return std::make_tuple(model.description(), model.n_layer(), model.n_embd(), model.n_vocab());
-        }, "use_draft"_a = false)
+        }, "use_draft"_a = false, "draft_name"_a = "")
         .def("pool_stats", [](spec::Engine& e) {
             const spec::PhrasePoolStats s = e.pool().stats();
             nb::dict d;

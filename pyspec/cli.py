@@ -109,10 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generation_args(gen)
     gen.set_defaults(handler=_cmd_generate)
 
-    from . import bench, demo, data, models
+    from . import bench, demo, data, distill, models
 
     demo.register_cli(sub)
     bench.register_cli(sub)
+    distill.register_cli(sub)
     models.register_cli(sub)
     data.register_cli(sub)
     return parser

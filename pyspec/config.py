@@ -35,6 +35,8 @@ class GenerationConfig:
     "ouroboros" (draft model drafts n_draft tokens phrase by phrase, checking pool phrases in its
     own decodes, then pool_branches pool phrases lengthen the draft). None: "chain" when the
     engine has a draft model, else "none".
+    draft: which of the engine's draft models drafts ("" the default one, or the name of a
+    slot added with Engine(drafts=...) / Engine.reload_draft(path, name=...)).
 
     Phrase pool (Engine.pool_stats / save_pool / load_pool / clear_pool): pool=False turns it off
     for this request (lookup is then plain prompt lookup); harvest_prompt, harvest_generated and
@@ -55,6 +57,7 @@ class GenerationConfig:
     min_p: float = 0.0
     stop: str | Sequence[str] | None = None
     method: str | None = None
+    draft: str = ""
     n_draft: int | None = None
     seed: int | None = None
     lookup_ngram_max: int = 3
@@ -90,7 +93,8 @@ class GenerationConfig:
         return self.method if self.method is not None else ("chain" if has_draft else "none")
 
     def to_core(self, has_draft: bool) -> Any:
-        """The engine's GenerateParams for these settings (the engine validates them)."""
+        """The engine's GenerateParams for these settings (the engine validates them);
+        has_draft: whether the engine holds the draft this config names."""
         p = _core.GenerateParams()
         p.max_tokens = self.max_tokens
         p.sampling.temperature = self.temperature
@@ -99,6 +103,7 @@ class GenerationConfig:
         p.sampling.min_p = self.min_p
         p.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         p.method = self.resolved_method(has_draft)
+        p.draft = self.draft
         p.n_draft = self.n_draft if self.n_draft is not None else DEFAULT_N_DRAFT.get(p.method, 4)
         p.lookup.ngram_max = self.lookup_ngram_max
         p.lookup.ngram_min = self.lookup_ngram_min

@@ -6,13 +6,14 @@ import logging
 import os
 import queue
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Union
 
 import numpy as np
 
 from . import _core
 from .config import DEFAULT_N_DRAFT, METHODS, GenerationConfig
+from .errors import EngineClosedError
 from .results import GenerationResult, GenerationStats, Trace
 
 log = logging.getLogger("pyspec")
@@ -55,6 +56,8 @@ class Engine:
 
     target, draft: a GGUF path or a registry name (see `pyspec models list`); names are fetched
     on first use. The draft must share the target's vocabulary (checked at load time).
+    drafts: more draft models by name ({"code": path, ...}), for per-request routing with
+    generate(..., draft="code"); each is a draft slot like the default one (`draft`, slot "").
     n_threads: CPU threads for decoding (default: all cores). n_gpu_layers: layers offloaded when
     llama.cpp was built with a GPU backend. seed: seeds the engine's random stream; pass
     seed=... to generate() to make one call reproducible on its own. repack: llama.cpp's weight
@@ -73,6 +76,7 @@ class Engine:
         n_gpu_layers: int = 0,
         seed: int = 0,
         repack: bool | None = None,
+        drafts: Mapping[str, str | os.PathLike[str]] | None = None,
     ) -> None:
         self.target_path = _resolve(target)
         self.draft_path = _resolve(draft) if draft is not None else None
@@ -87,8 +91,18 @@ class Engine:
             _forward_llama_logs()
         self.n_threads = threads
         # One generation at a time: the engine owns one KV cache per model. A second caller
-        # (another thread, or generate() while a stream() is running) waits its turn.
+        # (another thread, or generate() while a stream() is running) waits its turn. Draft
+        # swaps take the same lock, so a draft never changes during a generation.
         self._lock = threading.Lock()
+        self._draft_paths: dict[str, str] = {"": self.draft_path} if self.draft_path else {}
+        try:
+            for name, path in (drafts or {}).items():
+                if not name:
+                    raise ValueError("named drafts need a non-empty name; pass the default one as draft=")
+                self.reload_draft(path, name=name)
+        except BaseException:
+            self._core.close()
+            raise
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -112,6 +126,59 @@ class Engine:
         return bool(self._core.has_draft)
 
     @property
+    def draft_version(self) -> int:
+        """Models the default draft slot has held: 1 after loading one at construction, +1 per
+        reload_draft; 0 when the engine has never had a default draft."""
+        return int(self._core.draft_version(""))
+
+    @property
+    def draft_versions(self) -> dict[str, int]:
+        """Version of every filled draft slot by name ("" is the default draft)."""
+        return {name: int(self._core.draft_version(name)) for name in self._core.draft_names()}
+
+    @property
+    def draft_paths(self) -> dict[str, str]:
+        """The GGUF each filled draft slot was loaded from."""
+        names = set(self._core.draft_names())
+        return {name: path for name, path in self._draft_paths.items() if name in names}
+
+    # -- draft models: hot reload and routing slots ----------------------------------------------
+
+    def reload_draft(self, path: str | os.PathLike[str], *, name: str = "") -> int:
+        """Replaces the draft of slot `name` ("" = the default draft; another name adds or
+        replaces a routing slot) by the GGUF at `path` (or a registry name); returns the slot's
+        new version.
+
+        The new model is loaded completely (same context settings as the constructor's draft)
+        while generations continue, its vocabulary is checked against the target's, and only
+        then is it swapped in, under the engine lock, i.e. between two generations. Any failure
+        (FileNotFoundError, ModelLoadError for a corrupt or unloadable file, VocabMismatchError)
+        leaves the old draft serving and the version unchanged. Both drafts are in memory for
+        the moment of the swap.
+        """
+        if self.closed:
+            raise EngineClosedError("engine is closed")
+        resolved = _resolve(path)
+        try:
+            model = self._core.load_draft(resolved)  # no lock: generations go on meanwhile
+            with self._lock:
+                self._core.swap_draft(model, name)
+                self._draft_paths[name] = resolved
+                if name == "":
+                    self.draft_path = resolved
+                return int(self._core.draft_version(name))
+        finally:
+            _forward_llama_logs()
+
+    def remove_draft(self, name: str) -> None:
+        """Frees the draft of slot `name` (after a running generation ends); its version count stays."""
+        with self._lock:
+            self._core.remove_draft(name)
+            self._draft_paths.pop(name, None)
+            if name == "":
+                self.draft_path = None
+
+    @property
     def n_ctx(self) -> int:
         return int(self._core.n_ctx)
 
@@ -126,6 +193,10 @@ class Engine:
 
     def detokenize(self, tokens: Sequence[int], *, special: bool = False) -> str:
         return bytes(self._core.detokenize(list(tokens), special)).decode("utf-8", errors="replace")
+
+    def is_eog(self, token: int) -> bool:
+        """True for the target's end-of-generation tokens (EOS, EOT, ...)."""
+        return bool(self._core.is_eog(int(token)))
 
     def apply_chat_template(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> str:
         """Formats messages ([{"role": ..., "content": ...}]) with the target's chat template."""
@@ -147,14 +218,17 @@ class Engine:
             return [int(t) for t in items]
         raise TypeError("prompt must be a string, a list of token ids, or a list of chat messages")
 
-    def evaluate(self, tokens: Sequence[int], *, draft: bool = False, all_rows: bool = False) -> np.ndarray:
-        """Logits of the target (or draft) for `tokens` evaluated from scratch.
+    def evaluate(self, tokens: Sequence[int], *, draft: bool | str = False, all_rows: bool = False) -> np.ndarray:
+        """Logits of the target (or a draft: True for the default one, or a slot name) for
+        `tokens` evaluated from scratch.
 
         Returns [n_tokens, n_vocab] float32 when all_rows, else [1, n_vocab] for the last token.
         """
+        use_draft = draft is not False
+        name = draft if isinstance(draft, str) else ""
         try:
             with self._lock:
-                return np.asarray(self._core.evaluate(list(tokens), draft, all_rows))
+                return np.asarray(self._core.evaluate(list(tokens), use_draft, all_rows, name))
         finally:
             _forward_llama_logs()
 
@@ -203,7 +277,7 @@ class Engine:
         return TextStream(self, self.prompt_tokens(prompt), cfg)
 
     def _run(self, tokens: list[int], config: GenerationConfig, on_text: Any) -> GenerationResult:
-        params = config.to_core(self.has_draft)
+        params = config.to_core(bool(self._core.has_draft_named(config.draft)))
         try:
             with self._lock:
                 core_result = self._core.generate(tokens, params, on_text)
@@ -219,6 +293,8 @@ class Engine:
             stats=GenerationStats._from_core(core_result.stats),
             trace=Trace._from_core(list(core_result.trace), params.trace_top_k),
             logits=None if logits is None else np.asarray(logits),
+            draft=config.draft,
+            draft_version=int(core_result.draft_version),
         )
 
 

@@ -125,6 +125,8 @@ class GenerationResult:
     # [n_tokens, n_vocab] float32 when generated with return_logits=True: the target's logits row
     # each token was chosen from.
     logits: np.ndarray | None = field(default=None, repr=False)
+    draft: str = ""  # the draft slot asked for ("" = the default draft)
+    draft_version: int = 0  # that slot's version when it drafted; 0 when no draft model drafted
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary (the trace is left out)."""
@@ -133,5 +135,7 @@ class GenerationResult:
             "tokens": list(self.tokens),
             "finish_reason": self.finish_reason,
             "method": self.method,
+            "draft": self.draft,
+            "draft_version": self.draft_version,
             "stats": self.stats.to_dict(),
         }

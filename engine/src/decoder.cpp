@@ -191,14 +191,10 @@ DraftShape draft_shape(const GenerateParams& params) {
 }  // namespace
 
 Engine::Engine(const std::string& target_path, const std::string& draft_path, const EngineParams& params)
-    : params_(params), rng_(params.seed) {
-    ModelParams model_params = params.model;
-    model_params.n_seq_max = std::max(model_params.n_seq_max, kMaxTreeSeqs);
-    target_ = std::make_unique<Model>(target_path, model_params);
-    if (!draft_path.empty()) {
-        draft_ = std::make_unique<Model>(draft_path, model_params);
-        check_vocab_compatible(*target_, *draft_);
-    }
+    : params_(params), draft_params_(params.model), rng_(params.seed) {
+    draft_params_.n_seq_max = std::max(draft_params_.n_seq_max, kMaxTreeSeqs);
+    target_ = std::make_unique<Model>(target_path, draft_params_);
+    if (!draft_path.empty()) swap_draft(load_draft(draft_path), "");
     PhrasePoolParams pool_params = params.pool;
     pool_params.n_vocab = target_->n_vocab();
     pool_ = std::make_unique<PhrasePool>(pool_params);
@@ -220,14 +216,79 @@ Model& Engine::target() {
     return *target_;
 }
 
-Model& Engine::draft() {
-    check_open();
-    if (!draft_) throw InvalidArgumentError("engine has no draft model");
-    return *draft_;
+Model* Engine::find_draft(const std::string& name) const {
+    std::lock_guard<std::mutex> lock(drafts_mutex_);
+    const auto it = drafts_.find(name);
+    return it == drafts_.end() ? nullptr : it->second.model.get();
 }
 
-std::vector<float> Engine::evaluate(const std::vector<int32_t>& tokens, bool use_draft, bool all_rows) {
-    Model& model = use_draft ? draft() : target();
+bool Engine::has_draft(const std::string& name) const {
+    return find_draft(name) != nullptr;
+}
+
+Model& Engine::draft(const std::string& name) {
+    check_open();
+    Model* model = find_draft(name);
+    if (!model) {
+        throw InvalidArgumentError(name.empty() ? std::string("engine has no draft model")
+                                                : "engine has no draft model named '" + name + "'");
+    }
+    return *model;
+}
+
+std::vector<std::string> Engine::draft_names() const {
+    std::lock_guard<std::mutex> lock(drafts_mutex_);
+    std::vector<std::string> names;
+    for (const auto& [name, slot] : drafts_) {
+        if (slot.model) names.push_back(name);
+    }
+    return names;
+}
+
+int64_t Engine::draft_version(const std::string& name) const {
+    std::lock_guard<std::mutex> lock(drafts_mutex_);
+    const auto it = drafts_.find(name);
+    return it == drafts_.end() ? 0 : it->second.version;
+}
+
+std::unique_ptr<Model> Engine::load_draft(const std::string& path) const {
+    return std::make_unique<Model>(path, draft_params_);
+}
+
+void Engine::swap_draft(std::unique_ptr<Model> draft, const std::string& name) {
+    check_open();
+    if (!draft) throw InvalidArgumentError("swap_draft needs a model");
+    check_vocab_compatible(*target_, *draft);
+    std::unique_ptr<Model> old;  // freed after the lock is released
+    {
+        std::lock_guard<std::mutex> lock(drafts_mutex_);
+        DraftSlot& slot = drafts_[name];
+        old = std::move(slot.model);
+        slot.model = std::move(draft);
+        ++slot.version;
+    }
+}
+
+void Engine::reload_draft(const std::string& path, const std::string& name) {
+    swap_draft(load_draft(path), name);
+}
+
+void Engine::remove_draft(const std::string& name) {
+    check_open();
+    std::unique_ptr<Model> old;
+    {
+        std::lock_guard<std::mutex> lock(drafts_mutex_);
+        const auto it = drafts_.find(name);
+        if (it == drafts_.end() || !it->second.model) {
+            throw InvalidArgumentError("engine has no draft model named '" + name + "' to remove");
+        }
+        old = std::move(it->second.model);
+    }
+}
+
+std::vector<float> Engine::evaluate(const std::vector<int32_t>& tokens, bool use_draft, bool all_rows,
+                                    const std::string& draft_name) {
+    Model& model = use_draft ? draft(draft_name) : target();
     if (tokens.empty()) throw InvalidArgumentError("evaluate needs at least one token");
     if (int32_t(tokens.size()) > model.n_ctx()) {
         throw ContextOverflowError(std::to_string(tokens.size()) + " tokens do not fit the context window of " +
@@ -254,7 +315,10 @@ std::vector<float> Engine::evaluate(const std::vector<int32_t>& tokens, bool use
 
 void Engine::close() {
     pool_.reset();
-    draft_.reset();
+    {
+        std::lock_guard<std::mutex> lock(drafts_mutex_);
+        for (auto& [name, slot] : drafts_) slot.model.reset();  // versions stay readable
+    }
     target_.reset();
 }
 
@@ -264,14 +328,16 @@ std::unique_ptr<Drafter> Engine::make_drafter(const GenerateParams& params) {
     if (method == "none") return nullptr;
     if (method == "lookup") return make_pool_lookup_drafter(params.lookup, pool_.get(), params.pool);
     if (method == "chain" || method == "tree" || method == "beam" || method == "ouroboros") {
-        if (!draft_) {
-            throw InvalidArgumentError("method '" + method +
-                                       "' needs a draft model; load one or use method='none' or 'lookup'");
+        Model* draft = find_draft(params.draft);
+        if (!draft) {
+            const std::string which = params.draft.empty() ? "a draft model" : "the draft model '" + params.draft + "'";
+            throw InvalidArgumentError("method '" + method + "' needs " + which +
+                                       "; load one or use method='none' or 'lookup'");
         }
-        if (method == "chain") return make_model_chain_drafter(*draft_);
-        if (method == "tree") return make_model_tree_drafter(*draft_, params.tree);
-        if (method == "ouroboros") return make_ouroboros_drafter(*draft_, *pool_, params.pool, params.n_draft);
-        return make_model_beam_drafter(*draft_, params.beam);
+        if (method == "chain") return make_model_chain_drafter(*draft);
+        if (method == "tree") return make_model_tree_drafter(*draft, params.tree);
+        if (method == "ouroboros") return make_ouroboros_drafter(*draft, *pool_, params.pool, params.n_draft);
+        return make_model_beam_drafter(*draft, params.beam);
     }
     throw InvalidArgumentError("unknown method '" + method + "' (available: none, chain, tree, beam, lookup, ouroboros)");
 }
@@ -330,6 +396,8 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
 
     const auto t_start = Clock::now();
     Request req(params, *target_, drafter, rng_);
+    const bool uses_draft_model = params.method != "none" && params.method != "lookup";
+    if (uses_draft_model) req.result.draft_version = draft_version(params.draft);
     Stats& stats = req.result.stats;
     stats.n_prompt_tokens = int32_t(prompt.size());
     const DraftShape shape = draft_shape(params);

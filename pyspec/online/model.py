@@ -118,6 +118,12 @@ class DraftModel(nn.Module):
         return self.token_embd.weight if self.output is None else self.output.weight
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.hidden_states(tokens), self.output_weight)  # [..., n_tokens, n_vocab]
+
+    def hidden_states(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The final normed hidden states [..., n_tokens, n_embd]; the logits are
+        F.linear(hidden, output_weight). Trainers project only the rows they need, since the
+        logits of a whole sequence ([n_tokens, n_vocab]) are large for real vocabularies."""
         squeeze = tokens.dim() == 1
         if squeeze:
             tokens = tokens[None, :]
@@ -126,8 +132,8 @@ class DraftModel(nn.Module):
         x = self.token_embd(tokens)  # [batch, n_tokens, n_embd]
         for block in self.blocks:
             x = block(x, cos, sin)
-        logits = F.linear(self.output_norm(x), self.output_weight)  # [batch, n_tokens, n_vocab]
-        return logits[0] if squeeze else logits
+        x = self.output_norm(x)
+        return x[0] if squeeze else x
 
     def gguf_tensors(self) -> dict[str, torch.Tensor]:
         """GGUF tensor name -> parameter, for every tensor the GGUF file holds."""

@@ -5,7 +5,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -23,6 +25,7 @@ struct GenerateParams {
     SamplingParams sampling;
     std::vector<std::string> stop;
     std::string method = "chain";  // "none" | "chain" | "tree" | "beam" | "lookup" | "ouroboros"
+    std::string draft;             // the draft slot that drafts ("": the constructor's draft)
     int32_t n_draft = 4;           // longest chain proposed per step (chain, lookup; ouroboros: gamma)
     TreeParams tree;               // method "tree"
     BeamParams beam;               // method "beam"
@@ -84,6 +87,7 @@ struct GenerateResult {
     std::vector<int32_t> prompt_tokens;
     std::vector<int32_t> tokens;         // generated tokens
     std::string finish_reason;           // "stop" | "length" | "cancelled"
+    int64_t draft_version = 0;           // version of the draft slot that drafted (0: no draft model)
     Stats stats;
     std::vector<StepTrace> trace;
     std::vector<float> logits;           // [n_tokens, n_vocab] when return_logits: the target row
@@ -108,8 +112,36 @@ public:
     ~Engine();
 
     Model& target();
-    bool has_draft() const { return draft_ != nullptr; }
-    Model& draft();
+
+    // Draft slots. The engine holds named draft models that all share the target's vocabulary;
+    // the constructor's draft sits in slot "" and a request picks a slot with
+    // GenerateParams::draft (one target, several drafts: per-domain routing). Each slot owns
+    // its model and context (weights + KV cache of n_ctx tokens per draft).
+    bool has_draft(const std::string& name = "") const;
+    // Throws InvalidArgumentError when slot `name` is empty.
+    Model& draft(const std::string& name = "");
+    std::vector<std::string> draft_names() const;  // the filled slots, sorted
+    // How many models slot `name` has received: 1 after the constructor loaded the default
+    // draft, +1 per swap_draft; 0 for a slot that never held one (it stays counted after
+    // remove_draft, so a later model continues the count).
+    int64_t draft_version(const std::string& name = "") const;
+
+    // Hot reload, in two phases so that a server keeps generating while a new draft loads:
+    // load_draft reads the GGUF and creates its context with the draft ModelParams of the
+    // constructor (n_ctx, n_batch, threads, kMaxTreeSeqs sequences); it reads no mutable engine
+    // state, so it may run on another thread while generate() runs. Throws ModelLoadError
+    // (missing, not GGUF, truncated, refused by llama.cpp).
+    std::unique_ptr<Model> load_draft(const std::string& path) const;
+    // Puts `draft` into slot `name` once check_vocab_compatible(target, draft) passes, freeing
+    // the model it replaces, and counts a new version. On VocabMismatchError (or ClosedError)
+    // the slot keeps its old model and `draft` is freed. Must not run while generate() runs on
+    // the engine (the Python Engine holds its lock around it): the old draft's context is freed.
+    void swap_draft(std::unique_ptr<Model> draft, const std::string& name = "");
+    // load_draft + swap_draft: on any error the old draft keeps serving.
+    void reload_draft(const std::string& path, const std::string& name = "");
+    // Frees the model of slot `name` (its version count stays); InvalidArgumentError when empty.
+    // Like swap_draft, not while generate() runs.
+    void remove_draft(const std::string& name);
 
     // Generates from already tokenized input. Throws InvalidArgumentError / ContextOverflowError
     // for bad input before touching the models; a cancelled generation returns normally with
@@ -117,10 +149,12 @@ public:
     GenerateResult generate(const std::vector<int32_t>& prompt_tokens, const GenerateParams& params,
                             const TextCallback& on_text = nullptr);
 
-    // Evaluates `tokens` from an empty KV cache of the target (or the draft) and returns logits:
-    // every row ([n_tokens, n_vocab]) when all_rows, else the last row ([n_vocab]). For tests
-    // and tools (reference distributions, golden comparisons); not used by generate().
-    std::vector<float> evaluate(const std::vector<int32_t>& tokens, bool use_draft, bool all_rows);
+    // Evaluates `tokens` from an empty KV cache of the target (or the draft of slot `draft_name`)
+    // and returns logits: every row ([n_tokens, n_vocab]) when all_rows, else the last row
+    // ([n_vocab]). For tests and tools (reference distributions, golden comparisons); not used
+    // by generate().
+    std::vector<float> evaluate(const std::vector<int32_t>& tokens, bool use_draft, bool all_rows,
+                                const std::string& draft_name = "");
 
     // The phrase pool shared by all requests (thread-safe; save / load / clear / stats).
     PhrasePool& pool();
@@ -130,13 +164,23 @@ public:
     bool closed() const { return target_ == nullptr; }
 
 private:
+    struct DraftSlot {
+        std::unique_ptr<Model> model;  // null after remove_draft
+        int64_t version = 0;
+    };
+
     void check_open() const;
     void validate(const std::vector<int32_t>& prompt_tokens, const GenerateParams& params) const;
     std::unique_ptr<Drafter> make_drafter(const GenerateParams& params);
+    Model* find_draft(const std::string& name) const;  // null when the slot is empty
 
     EngineParams params_;
+    ModelParams draft_params_;  // every draft's ModelParams (n_seq_max raised for trees)
     std::unique_ptr<Model> target_;
-    std::unique_ptr<Model> draft_;
+    // Slot bookkeeping is guarded by drafts_mutex_, so has_draft / draft_version / draft_names
+    // may be read from any thread; the models themselves are only replaced between generations.
+    mutable std::mutex drafts_mutex_;
+    std::map<std::string, DraftSlot> drafts_;
     std::unique_ptr<PhrasePool> pool_;
     Rng rng_;
 };

@@ -1,0 +1,218 @@
+"""The stream experiment of issue 7 (OSD §5): a query stream with distribution shift, served with
+a static draft, with online distillation of one draft, and with one distilled draft per domain.
+
+    # a cheap draft with room to learn: the first 6 blocks of the target family's small model
+    pyspec models derive-draft --from qwen2.5-coder-0.5b-instruct --layers 6 --out qwen6.gguf
+    python benchmarks/online_stream.py --target qwen2.5-coder-1.5b-instruct --draft qwen6.gguf \\
+        --stream humaneval:200,gsm8k:200,mtbench:80 --max-tokens 64 \\
+        --modes static,online,routed --json stream.json --plot stream.png
+
+    # smoke run on tiny random models (seconds; numbers mean little)
+    python benchmarks/online_stream.py --tiny --stream humaneval:16,gsm8k:16,mtbench:16 --max-tokens 24 \
+        --window 8 --update-interval 4 --lr 1e-3 --export-dtype f32 --wait-updates
+
+Every mode starts from the same draft file and serves the same prompts in the same order,
+greedy, through the chat template (--raw: plain text), method chain. Reported per request:
+suite, draft version, drafted / accepted tokens, tokens/s; per mode: acceptance pooled over the
+last --window requests (OSD: 50) along the stream, per suite, and the final gain over static.
+Greedy outputs should be identical across modes (the draft never changes the output): the
+script counts the requests that differ. The engine and torch share the cores: --threads and
+--train-threads split them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+MODES = ("static", "online", "routed")
+
+
+def load_stream(spec: str, raw: bool) -> list[tuple[str, Any]]:
+    """[(suite, prompt)] in stream order from "suite:n,suite:n,..."."""
+    from pyspec.data import load_suite
+
+    stream = []
+    for part in spec.split(","):
+        name, _, n = part.partition(":")
+        for prompt in load_suite(name, int(n) if n else None):
+            stream.append((name, prompt.render(chat=not raw)))
+    return stream
+
+
+def run_mode(mode: str, args: argparse.Namespace, stream: list[tuple[str, Any]], work_dir: Path) -> dict[str, Any]:
+    import pyspec
+    from pyspec.online import DistillConfig, DomainRouter, OnlineDistiller
+
+    config = DistillConfig(loss=args.loss, lr=args.lr, epochs=args.epochs, train_threads=args.train_threads,
+                           export_dtype=args.export_dtype)
+    options = dict(max_tokens=args.max_tokens, method="chain", n_draft=args.n_draft)
+    records = []
+    t0 = time.perf_counter()
+    with pyspec.Engine(args.target, draft=args.draft, n_ctx=args.n_ctx, n_threads=args.threads) as engine:
+        distiller = router = None
+        if mode == "online":
+            distiller = OnlineDistiller(engine, config, args.update_interval, args.buffer_limit, window=args.window,
+                                        work_dir=work_dir / mode)
+        elif mode == "routed":
+            suites = list(dict.fromkeys(s for s, _ in stream))
+            router = DomainRouter(engine, suites, config, update_interval=args.update_interval,
+                                  buffer_limit=args.buffer_limit, window=args.window, work_dir=work_dir / mode)
+        for i, (suite, prompt) in enumerate(stream):
+            if distiller is not None:
+                result = distiller.generate(prompt, domain=suite, **options)
+                if args.wait_updates:
+                    distiller.wait()
+            elif router is not None:
+                result = router.generate(prompt, domain=suite, **options)
+                if args.wait_updates:
+                    router.wait()
+            else:
+                result = engine.generate(prompt, **options)
+            s = result.stats
+            records.append({"index": i, "suite": suite, "draft": result.draft, "draft_version": result.draft_version,
+                            "n_drafted": s.n_drafted, "n_accepted": s.n_accepted, "n_generated": s.n_generated,
+                            "tokens_per_second": s.tokens_per_second, "tokens": result.tokens})
+            if args.progress:
+                print(f"\r{mode}: {i + 1}/{len(stream)}", end="", file=sys.stderr, flush=True)
+        if args.progress:
+            print(file=sys.stderr)
+        updates: dict[str, Any] = {}
+        for name, d in ([("", distiller)] if distiller else []) + (list(router.distillers.items()) if router else []):
+            d.close()
+            st = d.stats()
+            updates[name] = {"n_updates": st.n_updates, "n_failed_updates": st.n_failed_updates,
+                             "draft_version": st.draft_version, "last_error": st.last_error}
+    return {"mode": mode, "records": records, "updates": updates, "seconds": time.perf_counter() - t0}
+
+
+def windowed_acceptance(records: list[dict[str, Any]], window: int) -> list[float | None]:
+    """Acceptance pooled over the last `window` requests, at every request."""
+    out = []
+    for i in range(len(records)):
+        recent = records[max(0, i + 1 - window): i + 1]
+        drafted = sum(r["n_drafted"] for r in recent)
+        out.append(sum(r["n_accepted"] for r in recent) / drafted if drafted else None)
+    return out
+
+
+def summarize(runs: list[dict[str, Any]], window: int) -> dict[str, Any]:
+    base = next((r for r in runs if r["mode"] == "static"), None)
+    summary: dict[str, Any] = {}
+    for run in runs:
+        recs = run["records"]
+        series = windowed_acceptance(recs, window)
+        by_suite = {}
+        for suite in dict.fromkeys(r["suite"] for r in recs):
+            rs = [r for r in recs if r["suite"] == suite]
+            drafted = sum(r["n_drafted"] for r in rs)
+            by_suite[suite] = {
+                "acceptance": sum(r["n_accepted"] for r in rs) / drafted if drafted else None,
+                "tokens_per_second": sum(r["tokens_per_second"] for r in rs) / len(rs),
+            }
+        entry = {"final_window_acceptance": series[-1] if series else None, "by_suite": by_suite,
+                 "updates": run["updates"], "seconds": round(run["seconds"], 1)}
+        if base is not None:
+            entry["identical_to_static"] = sum(a["tokens"] == b["tokens"] for a, b in zip(recs, base["records"]))
+            if series and entry["final_window_acceptance"] is not None:
+                static_final = windowed_acceptance(base["records"], window)[-1]
+                entry["gain_over_static"] = None if static_final is None else series[-1] - static_final
+        summary[run["mode"]] = entry
+    return summary
+
+
+def plot(runs: list[dict[str, Any]], window: int, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for run in runs:
+        series = windowed_acceptance(run["records"], window)
+        ax.plot(range(len(series)), [float("nan") if v is None else v for v in series], label=run["mode"])
+    recs = runs[0]["records"]
+    for i in range(1, len(recs)):
+        if recs[i]["suite"] != recs[i - 1]["suite"]:
+            ax.axvline(i, color="grey", linestyle="--", linewidth=0.8)
+    for suite in dict.fromkeys(r["suite"] for r in recs):
+        first = next(r["index"] for r in recs if r["suite"] == suite)
+        ax.text(first + 1, 0.02, suite, fontsize=8, color="grey")
+    ax.set_xlabel("request")
+    ax.set_ylabel(f"acceptance (last {window} requests)")
+    ax.set_ylim(0, 1)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def make_tiny_models(folder: Path) -> tuple[str, str]:
+    from pyspec._models.tiny import build_tiny_model
+
+    target = build_tiny_model(folder / "target.gguf", seed=0)
+    draft = build_tiny_model(folder / "draft.gguf", seed=300, base_seed=0, perturb=0.3)
+    return str(target), str(draft)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
+    p.add_argument("--draft", default=None, help="draft GGUF or registry name (required unless --tiny)")
+    p.add_argument("--tiny", action="store_true", help="tiny random models (smoke run), raw prompts")
+    p.add_argument("--stream", default="humaneval:200,gsm8k:200,mtbench:80", help="suite:n,... in stream order")
+    p.add_argument("--modes", default="static,online,routed", help=f"comma-separated: {', '.join(MODES)}")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--n-draft", type=int, default=4)
+    p.add_argument("--raw", action="store_true", help="raw prompt text instead of the chat template")
+    p.add_argument("--loss", choices=["fkl", "rkl", "jsd", "ce"], default="fkl")
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--export-dtype", default="f16")
+    p.add_argument("--update-interval", type=int, default=8)
+    p.add_argument("--buffer-limit", type=int, default=4096)
+    p.add_argument("--window", type=int, default=50)
+    p.add_argument("--wait-updates", action="store_true",
+                   help="finish each update before the next request (deterministic stream; a server would not "
+                        "wait, and with fast generation fewer updates land)")
+    p.add_argument("--threads", type=int, default=1, help="engine threads (default 1)")
+    p.add_argument("--train-threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--n-ctx", type=int, default=2048)
+    p.add_argument("--json", default=None, metavar="PATH")
+    p.add_argument("--plot", default=None, metavar="PATH", help="PNG of acceptance over the stream")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    modes = [m for m in args.modes.split(",") if m]
+    if unknown := sorted(set(modes) - set(MODES)):
+        p.error(f"unknown mode(s) {', '.join(unknown)}")
+
+    import torch
+
+    torch.set_num_threads(args.train_threads)
+    with tempfile.TemporaryDirectory(prefix="pyspec-stream-") as tmp:
+        work_dir = Path(tmp)
+        if args.tiny:
+            args.target, args.draft = make_tiny_models(work_dir)
+            args.raw = True
+        if args.draft is None:
+            p.error("--draft is required (see the docstring for deriving a cheap one)")
+        stream = load_stream(args.stream, args.raw)
+        runs = [run_mode(mode, args, stream, work_dir) for mode in modes]
+    summary = summarize(runs, args.window)
+    print(json.dumps(summary, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": {k: v for k, v in vars(args).items()}, "summary": summary,
+                                               "runs": runs}, indent=1) + "\n", encoding="utf-8")
+    if args.plot:
+        plot(runs, args.window, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""Training data from generations: what the target wanted where (OSD's replay buffer).
+
+A `TraceSample` is one generation reduced to what distillation needs: the token sequence and, at
+chosen positions, the target's top-k distribution of the next token. `samples_from_result` builds
+one from a GenerationResult:
+
+- positions="rejected" (OSD Algorithm 1): the positions where the target rejected a draft token,
+  with the top-k the engine recorded there (`result.trace`, temperature 1, k = trace_top_k);
+- positions="all": every generated position, with the top-k of the target's logits row behind
+  each token (`result.logits`, i.e. the request ran with return_logits=True) or, when the caller
+  passes them, rows computed afterwards (`Engine.evaluate(all_rows=True)`).
+
+Numpy only; the trainer turns samples into tensors.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..results import GenerationResult
+
+POSITIONS = ("rejected", "all")
+
+
+@dataclass(frozen=True, eq=False)
+class TraceSample:
+    """One generation's training positions. Row r of the student's logits over tokens[: r + 1]
+    predicts tokens[r + 1]; the target's distribution there is (top_ids[i], top_probs[i])."""
+
+    tokens: np.ndarray     # [n_tokens] int32: prompt + generated tokens, up to the last row + 1
+    rows: np.ndarray       # [n_rows] int32: sorted indices into tokens, each < n_tokens
+    top_ids: np.ndarray    # [n_rows, k] int32: the target's k likeliest next tokens at each row
+    top_probs: np.ndarray  # [n_rows, k] float32: their probabilities (temperature 1; sum <= 1)
+    request: int = 0       # index of the request in the stream that produced it (for max_age)
+    domain: str = ""
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.rows.shape[0])
+
+
+def top_k_of_logits(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k ids ([n, k] int32, likeliest first) and softmax probabilities ([n, k] float32) of
+    logits rows [n, n_vocab], the softmax taken over the whole vocabulary."""
+    logits = np.asarray(logits, dtype=np.float32)
+    k = min(k, logits.shape[1])
+    ids = np.argpartition(-logits, k - 1, axis=1)[:, :k]
+    top = np.take_along_axis(logits, ids, axis=1)
+    order = np.argsort(-top, axis=1, kind="stable")
+    ids, top = np.take_along_axis(ids, order, axis=1), np.take_along_axis(top, order, axis=1)
+    row_max = logits.max(axis=1, keepdims=True)
+    log_z = row_max + np.log(np.exp(logits - row_max, dtype=np.float64).sum(axis=1, keepdims=True))
+    return ids.astype(np.int32), np.exp(top - log_z).astype(np.float32)
+
+
+def samples_from_result(result: GenerationResult, *, positions: str = "rejected", top_k: int = 32,
+                        teacher_logits: np.ndarray | None = None, request: int = 0,
+                        domain: str = "") -> TraceSample | None:
+    """The training positions of one generation, or None when it has none.
+
+    positions="rejected": the trace's rejections. positions="all": every generated token, with
+    the target's rows from `teacher_logits` ([n_generated, n_vocab], row i = the target's logits
+    before generated token i) or else `result.logits`; ValueError when neither is there.
+    """
+    if positions not in POSITIONS:
+        raise ValueError(f"positions must be one of {', '.join(POSITIONS)}, got {positions!r}")
+    if positions == "all":
+        logits = teacher_logits if teacher_logits is not None else result.logits
+        if logits is None:
+            raise ValueError("positions='all' needs the target's rows: generate with return_logits=True "
+                             "or pass teacher_logits (Engine.evaluate(all_rows=True))")
+        return sample_from_rows(result.prompt_tokens, result.tokens, logits, top_k=top_k, request=request,
+                                domain=domain)
+    trace = result.trace
+    if trace.reject_positions.shape[0] == 0:
+        return None
+    rows = len(result.prompt_tokens) - 1 + trace.reject_positions.astype(np.int32)
+    k_valid = int((trace.top_ids >= 0).all(axis=0).sum())  # columns padded with -1 (k > n_vocab)
+    return _sample(list(result.prompt_tokens) + list(result.tokens), rows, trace.top_ids[:, :k_valid],
+                   trace.top_probs[:, :k_valid], request, domain)
+
+
+def sample_from_rows(prompt_tokens: Sequence[int], tokens: Sequence[int], logits: np.ndarray, *,
+                     top_k: int = 32, request: int = 0, domain: str = "") -> TraceSample | None:
+    """Every position of a continuation `tokens` of `prompt_tokens`, with the target's logits
+    rows before each token ([len(tokens), n_vocab]); None when `tokens` is empty."""
+    if logits.shape[0] != len(tokens):
+        raise ValueError(f"teacher rows [{logits.shape[0]}, ...] do not match the {len(tokens)} generated tokens")
+    if not tokens:
+        return None
+    rows = len(prompt_tokens) - 1 + np.arange(len(tokens), dtype=np.int32)
+    top_ids, top_probs = top_k_of_logits(logits, top_k)
+    return _sample(list(prompt_tokens) + list(tokens), rows, top_ids, top_probs, request, domain)
+
+
+def _sample(sequence: list[int], rows: np.ndarray, top_ids: np.ndarray, top_probs: np.ndarray, request: int,
+            domain: str) -> TraceSample:
+    order = np.argsort(rows, kind="stable")
+    rows = rows[order]
+    return TraceSample(
+        tokens=np.asarray(sequence[: int(rows[-1]) + 1], dtype=np.int32),
+        rows=rows,
+        top_ids=np.ascontiguousarray(top_ids[order], dtype=np.int32),
+        top_probs=np.ascontiguousarray(top_probs[order], dtype=np.float32),
+        request=request,
+        domain=domain,
+    )
+
+
+class ReplayBuffer:
+    """Thread-safe FIFO of TraceSamples, bounded by training positions and by age.
+
+    limit: the most positions (rows) held; adding beyond it evicts the oldest samples (the
+    newest sample always stays, even when it alone exceeds the limit).
+    max_age: samples from more than max_age requests before the newest are evicted (None: no
+    age limit). Nothing else removes samples: a trainer takes a snapshot and removes exactly
+    those samples once their update has been applied (OSD releases its buffer after an update).
+    """
+
+    def __init__(self, limit: int, max_age: int | None = None) -> None:
+        if limit < 1:
+            raise ValueError(f"buffer limit must be >= 1 position, got {limit}")
+        if max_age is not None and max_age < 0:
+            raise ValueError(f"max_age must be >= 0 requests or None, got {max_age}")
+        self.limit = limit
+        self.max_age = max_age
+        self._samples: list[TraceSample] = []
+        self._n_positions = 0
+        self.n_evicted = 0  # samples dropped by the limits
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._samples)
+
+    @property
+    def n_positions(self) -> int:
+        return self._n_positions
+
+    def add(self, sample: TraceSample) -> None:
+        with self._lock:
+            self._samples.append(sample)
+            self._n_positions += sample.n_rows
+            self._evict(newest_request=sample.request)
+
+    def expire(self, newest_request: int) -> None:
+        """Applies max_age as of request `newest_request` (called for requests without samples)."""
+        with self._lock:
+            self._evict(newest_request)
+
+    def snapshot(self) -> list[TraceSample]:
+        with self._lock:
+            return list(self._samples)
+
+    def remove(self, samples: Iterable[TraceSample]) -> None:
+        """Removes these samples (by identity) if still present."""
+        gone = {id(s) for s in samples}
+        with self._lock:
+            kept = [s for s in self._samples if id(s) not in gone]
+            self._n_positions -= sum(s.n_rows for s in self._samples) - sum(s.n_rows for s in kept)
+            self._samples = kept
+
+    def _evict(self, newest_request: int) -> None:
+        n_old = 0
+        if self.max_age is not None:
+            n_old = sum(1 for _ in itertools.takewhile(
+                lambda s: newest_request - s.request > self.max_age, self._samples))
+        n_drop = n_old
+        positions = self._n_positions - sum(s.n_rows for s in self._samples[:n_old])
+        while positions > self.limit and n_drop < len(self._samples) - 1:
+            positions -= self._samples[n_drop].n_rows
+            n_drop += 1
+        if n_drop:
+            self._n_positions -= sum(s.n_rows for s in self._samples[:n_drop])
+            del self._samples[:n_drop]
+            self.n_evicted += n_drop

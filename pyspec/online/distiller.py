@@ -1,0 +1,312 @@
+"""Online speculative decoding (OSD, Liu et al., ICML 2024): the draft learns from the target's
+corrections while the engine serves, and the improved draft is swapped in between requests.
+
+    engine = pyspec.Engine(target, draft=draft, n_threads=1)
+    distiller = OnlineDistiller(engine, DistillConfig(loss="fkl", train_threads=1), update_interval=8)
+    for prompt in stream:
+        result = distiller.generate(prompt, max_tokens=128, domain="code")
+    distiller.close()          # waits for a running update
+    print(distiller.stats())
+
+The loop (OSD Algorithm 1, with the update moved off the serving path):
+
+1. every generation's trace becomes a TraceSample in the replay buffer (buffer.py): the token
+   sequence plus the target's top-k at the rejected positions (or at all positions);
+2. when `update_interval` requests have been observed since the last update started, or the
+   buffer holds `buffer_limit` positions, a background thread snapshots the buffer, trains the
+   PyTorch draft on it (trainer.py; loaded once from the engine's draft GGUF and kept between
+   updates), writes a new GGUF (export_gguf: temp file, fsync, atomic rename) and calls
+   Engine.reload_draft, which loads it while generations continue and swaps it in under the
+   engine lock, i.e. between two requests. Generation never waits for training; one update runs
+   at a time per distiller (and per `train_lock`, which a router shares between domains).
+3. a successful update removes exactly the samples it trained on (OSD releases its buffer);
+   samples that arrived meanwhile stay for the next update. A failed update (training, export
+   or reload error) is logged and kept in `last_error` and the stats, the old draft keeps
+   serving, nothing leaves the buffer, and the next update restarts from the serving draft's
+   weights (the PyTorch copy that failed to reach the engine is dropped).
+
+Acceptance is tracked over the last `window` requests (OSD reports the last 50), overall and per
+domain tag, with the draft version of every request in `history`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import tempfile
+import threading
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..config import GenerationConfig
+from ..engine import Engine, Prompt
+from ..results import GenerationResult
+from .buffer import ReplayBuffer, TraceSample, samples_from_result
+from .export import export_gguf
+from .model import DraftModel, load_gguf
+from .trainer import DistillConfig, TrainReport, make_optimizer, train
+
+log = logging.getLogger("pyspec.online")
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One observed generation, as the stream metrics see it."""
+
+    index: int          # position in the distiller's stream, from 0
+    domain: str         # the caller's tag ("" when none)
+    draft_version: int  # version of the draft that drafted (0: no draft model drafted)
+    n_drafted: int
+    n_accepted: int
+    n_generated: int
+    n_positions: int    # training positions it added to the buffer
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
+
+
+@dataclass(frozen=True)
+class DistillerStats:
+    draft: str                    # the engine's draft slot this distiller trains ("" = default)
+    draft_version: int            # that slot's current version
+    n_requests: int
+    n_updates: int                # updates that reached the engine
+    n_failed_updates: int
+    updating: bool                # an update is running now
+    buffer_samples: int
+    buffer_positions: int
+    n_evicted: int                # samples dropped by buffer_limit / max_age
+    window: int                   # requests the acceptance averages cover
+    # n_accepted / n_drafted pooled over the last `window` requests drafted by the draft model;
+    # None before the first one
+    acceptance: float | None
+    acceptance_by_domain: dict[str, float | None]
+    last_error: str | None        # the last failed update's error, "Type: message"
+    last_report: TrainReport | None  # the last successful update's training numbers
+
+
+class OnlineDistiller:
+    """Distils one of the engine's drafts (slot `draft`, "" = the default draft) online.
+
+    config: DistillConfig (loss, tau, positions, optimisation, train_threads, export_dtype).
+    update_interval: requests between updates (OSD's I). buffer_limit: training positions that
+    trigger an update early and cap the buffer (oldest samples evicted beyond it). max_age:
+    samples older than this many requests are evicted (None: no limit). window: requests in the
+    acceptance averages. work_dir: where trained drafts are written (default: a new temporary
+    directory); the serving file and the one before it are kept, older ones deleted.
+    train_lock: a lock held while training, to keep several distillers from training at once.
+    """
+
+    def __init__(self, engine: Engine, config: DistillConfig | None = None, update_interval: int = 8,
+                 buffer_limit: int = 4096, max_age: int | None = None, *, draft: str = "",
+                 work_dir: str | os.PathLike[str] | None = None, window: int = 50,
+                 train_lock: threading.Lock | None = None) -> None:
+        if update_interval < 1:
+            raise ValueError(f"update_interval must be >= 1, got {update_interval}")
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        if draft not in engine.draft_paths:
+            raise ValueError(f"the engine has no draft model in slot {draft!r} to distil "
+                             f"(slots: {sorted(engine.draft_paths)})")
+        self.engine = engine
+        self.config = config or DistillConfig()
+        self.draft = draft
+        self.update_interval = update_interval
+        self.buffer = ReplayBuffer(buffer_limit, max_age)
+        self.window = window
+        self.work_dir = Path(work_dir) if work_dir is not None else Path(tempfile.mkdtemp(prefix="pyspec-distill-"))
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.history: list[RequestRecord] = []
+        self._train_lock = train_lock or threading.Lock()
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._recent: deque[RequestRecord] = deque(maxlen=window)
+        self._recent_by_domain: dict[str, deque[RequestRecord]] = {}
+        self._n_requests = 0
+        self._since_update = 0
+        self._updating = False
+        self._closed = False
+        self._n_updates = 0
+        self._n_failed = 0
+        self._n_exports = 0
+        self._last_error: str | None = None
+        self._last_report: TrainReport | None = None
+        self._written: list[Path] = []  # files this distiller wrote that reached the engine
+        self._worker: threading.Thread | None = None
+        # Touched only by the worker thread (one update at a time).
+        self._student: DraftModel | None = None
+        self._optimizer: Any = None
+        self._rng = np.random.default_rng(self.config.seed)
+
+    # -- serving ---------------------------------------------------------------------------
+
+    def generate(self, prompt: Prompt, config: GenerationConfig | None = None, *, domain: str = "",
+                 **options: Any) -> GenerationResult:
+        """Engine.generate with this distiller's draft, then observe(result, domain=domain)."""
+        cfg = (config or GenerationConfig()).replace(**options)
+        keep_logits = cfg.return_logits
+        if cfg.draft != self.draft:
+            cfg = cfg.replace(draft=self.draft)
+        if self.config.positions == "all" and self.config.teacher == "trace":
+            cfg = cfg.replace(return_logits=True)  # the target's row behind every token
+        result = self.engine.generate(prompt, cfg)
+        self.observe(result, domain=domain)
+        if not keep_logits and result.logits is not None:
+            result = dataclasses.replace(result, logits=None)
+        return result
+
+    def observe(self, result: GenerationResult, *, domain: str = "") -> RequestRecord:
+        """Adds a generation of this distiller's draft slot to the buffer and the metrics, and
+        starts an update when one is due. Call it for generations made without generate()."""
+        if result.draft != self.draft:
+            raise ValueError(f"this distiller trains draft slot {self.draft!r}; the result was drafted "
+                             f"with slot {result.draft!r}")
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the distiller is closed")
+            index = self._n_requests
+            self._n_requests += 1
+        sample = self._sample(result, index, domain)
+        if sample is not None:
+            self.buffer.add(sample)
+        else:
+            self.buffer.expire(index)
+        drafted = result.draft_version > 0
+        record = RequestRecord(
+            index=index, domain=domain, draft_version=result.draft_version,
+            n_drafted=result.stats.n_drafted if drafted else 0,
+            n_accepted=result.stats.n_accepted if drafted else 0,
+            n_generated=result.stats.n_generated, n_positions=sample.n_rows if sample else 0,
+        )
+        with self._lock:
+            self.history.append(record)
+            if drafted:
+                self._recent.append(record)
+                self._recent_by_domain.setdefault(domain, deque(maxlen=self.window)).append(record)
+            self._since_update += 1
+            full = self.buffer.n_positions >= self.buffer.limit
+            if (self._since_update >= self.update_interval or full) and not self._updating and len(self.buffer):
+                self._start_update()
+        return record
+
+    def _sample(self, result: GenerationResult, index: int, domain: str) -> TraceSample | None:
+        cfg = self.config
+        teacher_logits = None
+        if cfg.positions == "all" and cfg.teacher == "evaluate" and result.tokens:
+            # One target pass over prompt + output: row i predicts token i + 1.
+            sequence = list(result.prompt_tokens) + list(result.tokens[:-1])
+            rows = self.engine.evaluate(sequence, all_rows=True)
+            teacher_logits = rows[len(result.prompt_tokens) - 1:]
+        return samples_from_result(result, positions=cfg.positions, top_k=cfg.top_k,
+                                   teacher_logits=teacher_logits, request=index, domain=domain)
+
+    # -- updates ---------------------------------------------------------------------------
+
+    def update_now(self, *, wait: bool = True, timeout: float | None = None) -> bool:
+        """Starts an update on the buffer now (unless one runs or the buffer is empty); with
+        wait, returns whether the update reached the engine, else whether one was started."""
+        with self._lock:
+            if self._closed or self._updating or not len(self.buffer):
+                started = False
+            else:
+                self._start_update()
+                started = True
+            n_updates = self._n_updates
+        if not wait or not started:
+            return started
+        self.wait(timeout)
+        with self._lock:
+            return self._n_updates > n_updates
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Blocks until no update is running; False if `timeout` seconds passed first."""
+        with self._idle:
+            return self._idle.wait_for(lambda: not self._updating, timeout)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stops starting updates and waits for a running one. The engine stays open."""
+        with self._lock:
+            self._closed = True
+        self.wait(timeout)
+
+    def _start_update(self) -> None:  # with self._lock held
+        samples = self.buffer.snapshot()
+        self._updating = True
+        self._since_update = 0
+        self._worker = threading.Thread(target=self._update, args=(samples,), daemon=True,
+                                        name=f"pyspec-distill-{self.draft or 'default'}")
+        self._worker.start()
+
+    def _update(self, samples: Sequence[TraceSample]) -> None:
+        written: Path | None = None
+        try:
+            with self._train_lock:
+                if self._student is None:
+                    # The weights that serve now; after a failed update this drops the copy that
+                    # never reached the engine.
+                    self._student = load_gguf(self.engine.draft_paths[self.draft])
+                    self._optimizer = make_optimizer(self._student, self.config)
+                report = train(self._student, self._optimizer, samples, self.config, self._rng)
+                self._n_exports += 1
+                written = self.work_dir / f"{self.draft or 'default'}-{self._n_exports}.gguf"
+                export_gguf(self._student, written, dtype=self.config.export_dtype)
+            version = self.engine.reload_draft(written, name=self.draft)
+        except Exception as exc:  # reported, never raised: serving goes on with the old draft
+            log.error("draft update of slot %r failed; the old draft keeps serving: %s", self.draft, exc,
+                      exc_info=True)
+            if written is not None:
+                written.unlink(missing_ok=True)
+            with self._lock:
+                self._n_failed += 1
+                self._last_error = f"{type(exc).__name__}: {exc}"
+                self._student, self._optimizer = None, None
+                self._updating = False
+                self._idle.notify_all()
+            return
+        self.buffer.remove(samples)
+        log.info("draft slot %r: version %d from %d samples (%d positions), loss %.4f -> %.4f in %.1f s",
+                 self.draft, version, report.n_samples, report.n_positions, report.loss_before,
+                 report.loss_after, report.seconds)
+        with self._lock:
+            self._written.append(written)
+            stale, self._written = self._written[:-2], self._written[-2:]
+            self._n_updates += 1
+            self._last_report = report
+            self._updating = False
+            self._idle.notify_all()
+        for path in stale:
+            path.unlink(missing_ok=True)
+
+    # -- metrics ---------------------------------------------------------------------------
+
+    def stats(self) -> DistillerStats:
+        with self._lock:
+            return DistillerStats(
+                draft=self.draft,
+                draft_version=self.engine.draft_versions.get(self.draft, 0),
+                n_requests=self._n_requests,
+                n_updates=self._n_updates,
+                n_failed_updates=self._n_failed,
+                updating=self._updating,
+                buffer_samples=len(self.buffer),
+                buffer_positions=self.buffer.n_positions,
+                n_evicted=self.buffer.n_evicted,
+                window=self.window,
+                acceptance=pooled_acceptance(self._recent),
+                acceptance_by_domain={d: pooled_acceptance(r) for d, r in self._recent_by_domain.items()},
+                last_error=self._last_error,
+                last_report=self._last_report,
+            )
+
+
+def pooled_acceptance(records: Sequence[RequestRecord] | deque[RequestRecord]) -> float | None:
+    """Sum of accepted over sum of drafted tokens; None when nothing was drafted."""
+    drafted = sum(r.n_drafted for r in records)
+    return sum(r.n_accepted for r in records) / drafted if drafted else None
