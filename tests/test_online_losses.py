@@ -168,7 +168,9 @@ def test_one_optimizer_step_lowers_the_loss(distillation_batch, name: str, top_k
     assert after.item() < before.item(), f"{name}: {before.item():.5f} -> {after.item():.5f}"
 
 
-def test_importing_pyspec_does_not_import_torch() -> None:
+def test_importing_pyspec_does_not_import_torch(tmp_path) -> None:
     code = ("import sys, pyspec, pyspec.cli, pyspec.models, pyspec.bench, pyspec.data; "
             "assert 'torch' not in sys.modules, 'torch was imported'")
-    subprocess.run([sys.executable, "-c", code], check=True)
+    # Not from the checkout's root: `python -c` puts the working directory first on sys.path, and
+    # the source tree's pyspec/ has no compiled module.
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path)
