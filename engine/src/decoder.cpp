@@ -46,13 +46,8 @@ struct Request {
 };
 
 void prefill(Request& req, const std::vector<int32_t>& prompt) {
-    req.target.kv_clear();
-    const int32_t n_prefill = int32_t(prompt.size()) - 1;  // the last token starts step one
-    const int32_t n_batch = req.target.params().n_batch;
-    for (int32_t i = 0; i < n_prefill; i += n_batch) {
-        req.target.decode_seq(prompt.data() + i, std::min(n_batch, n_prefill - i), i, false);
-    }
-    req.n_past = std::max(n_prefill, 0);
+    req.target.prefill_prompt(prompt);
+    req.n_past = int32_t(prompt.size()) - 1;  // the last token starts step one
     req.committed = prompt;
     if (req.drafter) req.drafter->begin(prompt);
 }

@@ -16,17 +16,9 @@ public:
     std::string name() const override { return "draft-model-chain"; }
 
     void begin(const std::vector<int32_t>& prompt) override {
-        model_.kv_clear();
-        n_past_ = 0;
-        // Prefill all but the last prompt token; draft() feeds the rest with its first decode.
-        const int32_t n_prefill = int32_t(prompt.size()) - 1;
-        const int32_t n_batch = model_.params().n_batch;
-        for (int32_t i = 0; i < n_prefill; i += n_batch) {
-            const int32_t n = std::min(n_batch, n_prefill - i);
-            model_.decode_seq(prompt.data() + i, n, i, false);
-            ++stats_.n_model_decodes;
-        }
-        n_past_ = std::max(n_prefill, 0);
+        // All but the last prompt token; draft() feeds the rest with its first decode.
+        stats_.n_model_decodes += model_.prefill_prompt(prompt);
+        n_past_ = int32_t(prompt.size()) - 1;
         n_drafted_last_ = 0;
     }
 

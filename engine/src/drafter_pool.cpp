@@ -192,14 +192,8 @@ public:
     std::string name() const override { return "ouroboros"; }
 
     void begin(const std::vector<int32_t>& prompt) override {
-        model_.kv_clear();
-        const int32_t n_prefill = int32_t(prompt.size()) - 1;
-        const int32_t n_batch = model_.params().n_batch;
-        for (int32_t i = 0; i < n_prefill; i += n_batch) {
-            model_.decode_seq(prompt.data() + i, std::min(n_batch, n_prefill - i), i, false);
-            ++stats_.n_model_decodes;
-        }
-        n_past_ = std::max(n_prefill, 0);
+        stats_.n_model_decodes += model_.prefill_prompt(prompt);
+        n_past_ = int32_t(prompt.size()) - 1;
         pool_.harvest_prompt(prompt);
     }
 

@@ -29,16 +29,10 @@ public:
     };
 
     void begin(const std::vector<int32_t>& prompt, DrafterStats& stats) {
-        model_.kv_clear();
         next_seq_ = 1;
-        // Prefill all but the last prompt token; feed() decodes the rest with the root.
-        const int32_t n_prefill = int32_t(prompt.size()) - 1;
-        const int32_t n_batch = model_.params().n_batch;
-        for (int32_t i = 0; i < n_prefill; i += n_batch) {
-            model_.decode_seq(prompt.data() + i, std::min(n_batch, n_prefill - i), i, false);
-            ++stats.n_model_decodes;
-        }
-        n_past_ = std::max(n_prefill, 0);
+        // All but the last prompt token; feed() decodes the rest with the root.
+        stats.n_model_decodes += model_.prefill_prompt(prompt);
+        n_past_ = int32_t(prompt.size()) - 1;
     }
 
     // Decodes the committed tokens not yet in sequence 0; the last one is the root. Returns the

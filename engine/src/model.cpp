@@ -189,6 +189,16 @@ void Model::decode_seq(const int32_t* tokens, int32_t n_tokens, int32_t pos0, bo
     decode(batch);
 }
 
+int32_t Model::prefill_prompt(const std::vector<int32_t>& prompt) {
+    kv_clear();
+    const int32_t n_prefill = int32_t(prompt.size()) - 1;
+    int32_t n_decodes = 0;
+    for (int32_t i = 0; i < n_prefill; i += params_.n_batch, ++n_decodes) {
+        decode_seq(prompt.data() + i, std::min(params_.n_batch, n_prefill - i), i, false);
+    }
+    return n_decodes;
+}
+
 const float* Model::logits(int32_t i) const {
     if (i < 0 || i >= n_outputs_) {
         throw InvalidArgumentError("logits row " + std::to_string(i) + " out of range [0, " +

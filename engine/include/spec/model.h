@@ -78,6 +78,11 @@ public:
     // produces logits unless all_logits.
     void decode_seq(const int32_t* tokens, int32_t n_tokens, int32_t pos0, bool all_logits);
 
+    // Clears the KV cache and decodes all prompt tokens but the last into sequence 0 (chunks of
+    // n_batch, no logits): the last one starts the first step, with its logits. Returns the
+    // number of decode calls.
+    int32_t prefill_prompt(const std::vector<int32_t>& prompt);
+
     // Logits row of the i-th output of the last decode. Valid until the next decode.
     // returns: [n_vocab] float32
     const float* logits(int32_t i) const;
