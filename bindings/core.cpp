@@ -165,6 +165,50 @@ NB_MODULE(_core, m) {
         .def_rw("harvest_generated", &spec::PoolParams::harvest_generated)
         .def_rw("harvest_verification", &spec::PoolParams::harvest_verification);
 
+    nb::class_<spec::AutoParams>(m, "AutoParams")
+        .def(nb::init<>())
+        .def_rw("max_depth", &spec::AutoParams::max_depth)
+        .def_rw("max_nodes", &spec::AutoParams::max_nodes)
+        .def_rw("max_gamma", &spec::AutoParams::max_gamma)
+        .def_rw("use_draft_model", &spec::AutoParams::use_draft_model);
+
+    nb::class_<spec::CostCurve>(m, "CostCurve")
+        .def(nb::init<>())
+        .def("__init__", [](spec::CostCurve* self, std::vector<int32_t> n_tokens, std::vector<double> ms) {
+            new (self) spec::CostCurve{std::move(n_tokens), std::move(ms)};
+            spec::validate(*self);
+        }, "n_tokens"_a, "ms"_a)
+        .def_rw("n_tokens", &spec::CostCurve::n_tokens)
+        .def_rw("ms", &spec::CostCurve::ms)
+        .def("at", &spec::CostCurve::at, "k"_a)
+        .def_prop_ro("empty", &spec::CostCurve::empty);
+
+    nb::class_<spec::AcceptanceStats>(m, "AcceptanceStats")
+        .def(nb::init<>())
+        .def("estimate", &spec::AcceptanceStats::estimate, "kind"_a, "depth"_a)
+        .def("record", &spec::AcceptanceStats::record, "kind"_a, "depth"_a, "accepted"_a)
+        .def("record_outcome", [](spec::AcceptanceStats& a, const std::vector<int32_t>& tokens,
+                                  const std::vector<int32_t>& parents, const std::vector<uint8_t>& kinds,
+                                  const std::vector<int32_t>& actual) {
+            a.record_outcome(tokens, parents, kinds, actual.data(), int32_t(actual.size()));
+        }, "tokens"_a, "parents"_a, "kinds"_a, "actual"_a)
+        .def("model_acceptance", &spec::AcceptanceStats::model_acceptance)
+        .def("clear", &spec::AcceptanceStats::clear);
+    m.def("kind_lookup", &spec::kind_lookup, "ngram"_a);
+    m.def("kind_pool", &spec::kind_pool, "key_len"_a);
+    m.def("kind_model", &spec::kind_model, "probability"_a);
+
+    nb::class_<spec::DraftPlan>(m, "DraftPlan")
+        .def_ro("keep", &spec::DraftPlan::keep)
+        .def_ro("expected_tokens", &spec::DraftPlan::expected_tokens)
+        .def_ro("ms", &spec::DraftPlan::ms);
+    m.def("plan_draft", &spec::plan_draft, "parents"_a, "kinds"_a, "stats"_a, "target"_a, "sunk_ms"_a);
+    nb::class_<spec::ChainPlan>(m, "ChainPlan")
+        .def_ro("gamma", &spec::ChainPlan::gamma)
+        .def_ro("expected_tokens", &spec::ChainPlan::expected_tokens)
+        .def_ro("ms", &spec::ChainPlan::ms);
+    m.def("plan_chain", &spec::plan_chain, "alpha"_a, "target"_a, "draft"_a, "gamma_max"_a);
+
     nb::class_<spec::LookupParams>(m, "LookupParams")
         .def(nb::init<>())
         .def_rw("ngram_max", &spec::LookupParams::ngram_max)
@@ -178,6 +222,7 @@ NB_MODULE(_core, m) {
         .def_rw("method", &spec::GenerateParams::method)
         .def_rw("draft", &spec::GenerateParams::draft)
         .def_rw("n_draft", &spec::GenerateParams::n_draft)
+        .def_rw("scheduler", &spec::GenerateParams::scheduler)
         .def_rw("tree", &spec::GenerateParams::tree)
         .def_rw("beam", &spec::GenerateParams::beam)
         .def_rw("lookup", &spec::GenerateParams::lookup)
@@ -197,6 +242,7 @@ NB_MODULE(_core, m) {
         .def_ro("n_accepted", &spec::Stats::n_accepted)
         .def_ro("n_candidate_tokens", &spec::Stats::n_candidate_tokens)
         .def_ro("n_draft_decodes", &spec::Stats::n_draft_decodes)
+        .def_ro("n_empty_drafts", &spec::Stats::n_empty_drafts)
         .def_ro("accept_histogram", &spec::Stats::accept_histogram)
         .def_ro("t_prefill_ms", &spec::Stats::t_prefill_ms)
         .def_ro("t_draft_ms", &spec::Stats::t_draft_ms)
@@ -336,5 +382,31 @@ NB_MODULE(_core, m) {
         .def("load_pool", [](spec::Engine& e, const std::string& path) { e.pool().load(path); }, "path"_a,
              nb::call_guard<nb::gil_scoped_release>())
         .def("clear_pool", [](spec::Engine& e) { e.pool().clear(); })
+        .def("measure_cost", [](spec::Engine& e, bool use_draft, const std::string& draft_name,
+                                const std::vector<int32_t>& sizes, int32_t repeats, nb::object progress) {
+            spec::CalibrationProgress callback;
+            if (!progress.is_none()) {
+                callback = [progress](int32_t done, int32_t total) {
+                    nb::gil_scoped_acquire gil;
+                    progress(done, total);
+                };
+            }
+            nb::gil_scoped_release release;
+            return use_draft ? e.measure_draft_cost(draft_name, sizes, repeats, callback)
+                             : e.measure_target_cost(sizes, repeats, callback);
+        }, "use_draft"_a, "draft_name"_a = "", "sizes"_a = std::vector<int32_t>{}, "repeats"_a = 3,
+           "progress"_a = nb::none(),
+           "Times decodes of k tokens on this machine and installs the cost curve (method 'auto').")
+        .def("set_cost", [](spec::Engine& e, bool use_draft, const spec::CostCurve& curve, const std::string& draft_name) {
+            if (use_draft) {
+                e.set_draft_cost(curve, draft_name);
+            } else {
+                e.set_target_cost(curve);
+            }
+        }, "use_draft"_a, "curve"_a, "draft_name"_a = "")
+        .def("cost", [](spec::Engine& e, bool use_draft, const std::string& draft_name) {
+            return use_draft ? e.draft_cost(draft_name) : e.target_cost();
+        }, "use_draft"_a = false, "draft_name"_a = "")
+        .def("system_info", [](spec::Engine&) { return spec::backend_description(); })
         .def("close", &spec::Engine::close);
 }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 
+from .calibration import CostCurve
 from .config import METHODS, GenerationConfig
 from .engine import Engine, TextStream
 from .errors import (
@@ -32,6 +33,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Engine",
     "TextStream",
+    "CostCurve",
     "METHODS",
     "GenerationConfig",
     "GenerationResult",

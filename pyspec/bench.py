@@ -34,8 +34,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
-DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+from .config import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: E402
+
 PEER_METHODS = ("peer-llama-cpp", "peer-pld")
 PEER_PLD_N_DRAFT = 10  # LlamaPromptLookupDecoding's num_pred_tokens default
 TIMING_NOTE = ("tokens/s = generated tokens / wall time of the whole generation call (prompt "
@@ -127,6 +127,8 @@ class PromptRun:
     t_draft_ms: float | None = None
     t_verify_ms: float | None = None
     t_total_ms: float | None = None
+    n_empty_drafts: int | None = None  # target calls that verified no draft (plain decoding steps)
+    n_draft_decodes: int | None = None
 
 
 @dataclass
@@ -142,6 +144,7 @@ class MethodSummary:
     tokens_per_target_call: float | None  # pooled; None for peers
     draft_time_share: float | None  # draft time / generation time, pooled; None for peers
     verify_time_share: float | None
+    plain_step_share: float | None  # target calls with no draft / all target calls, pooled
     greedy_identical: int  # prompts whose output equals none's
     n_prompts: int
     per_prompt: list[PromptRun] = field(default_factory=list)
@@ -257,6 +260,7 @@ def _run_pyspec(engine: "Engine", m: MethodSpec, prompt_id: str, prompt_tokens: 
         r.finish_reason, list(r.tokens), engine_tokens_per_second=s.tokens_per_second,
         n_target_calls=s.n_target_calls, n_drafted=s.n_drafted, n_accepted=s.n_accepted,
         t_draft_ms=s.t_draft_ms, t_verify_ms=s.t_verify_ms, t_total_ms=s.t_total_ms,
+        n_empty_drafts=s.n_empty_drafts, n_draft_decodes=s.n_draft_decodes,
     )
 
 
@@ -275,7 +279,7 @@ def run_bench(
     *,
     n: int = 5,
     max_tokens: int = 128,
-    methods: str | Sequence[str] = "none,chain,lookup",
+    methods: str | Sequence[str] = "none,auto,chain,lookup,peer-pld",
     n_draft: int | None = None,
     n_threads: int | None = None,
     n_ctx: int = 4096,
@@ -307,11 +311,14 @@ def run_bench(
     needs_draft = [m.label for m in specs if m.name in ("chain", "tree", "beam", "ouroboros")]
     if needs_draft and not draft:
         raise ValueError(f"method(s) {', '.join(needs_draft)} need a draft model (--draft)")
+    uses_draft = bool(needs_draft) or (bool(draft) and any(m.name == "auto" for m in specs))
     target_path = resolve_model(target, progress=progress)
-    draft_path = resolve_model(draft, progress=progress) if needs_draft and draft else None
+    draft_path = resolve_model(draft, progress=progress) if uses_draft and draft else None
 
     with contextlib.ExitStack() as stack:
         engine = stack.enter_context(Engine(target_path, draft=draft_path, n_ctx=n_ctx, n_threads=n_threads))
+        if any(m.name == "auto" for m in specs):
+            engine.calibrate(progress=progress)  # cached curves, or measured now: not in the timings
         inputs = []
         for i, p in enumerate(prompt_list):
             pid, messages = _as_messages(p)
@@ -365,7 +372,7 @@ def run_bench(
 
     results = [_summarize(m, runs[m.label], runs["none"], {p: runs[p] for p in peers}) for m in specs]
     return BenchReport(
-        target=str(target), draft=str(draft) if needs_draft else None, suite=suite, n=len(inputs),
+        target=str(target), draft=str(draft) if uses_draft else None, suite=suite, n=len(inputs),
         max_tokens=max_tokens, threads=engine.n_threads, repack=engine.repack, methods=[m.label for m in specs],
         results=results,
     )
@@ -391,12 +398,13 @@ def _median_ratio(xs: list[PromptRun], refs: list[PromptRun]) -> float:
 def _summarize(m: MethodSpec, xs: list[PromptRun], none: list[PromptRun],
                peers: dict[str, list[PromptRun]]) -> MethodSummary:
     tps = [x.tokens_per_second for x in xs]
-    acceptance = tpc = draft_share = verify_share = None
+    acceptance = tpc = draft_share = verify_share = plain_share = None
     if not m.is_peer:
         drafted = sum(x.n_drafted or 0 for x in xs)
         acceptance = sum(x.n_accepted or 0 for x in xs) / drafted if drafted else None
         calls = sum(x.n_target_calls or 0 for x in xs)
         tpc = sum(x.n_generated for x in xs) / calls if calls else None
+        plain_share = sum(x.n_empty_drafts or 0 for x in xs) / calls if calls else None
         total = sum(x.t_total_ms or 0.0 for x in xs)
         draft_share = sum(x.t_draft_ms or 0.0 for x in xs) / total if total else None
         verify_share = sum(x.t_verify_ms or 0.0 for x in xs) / total if total else None
@@ -406,7 +414,7 @@ def _summarize(m: MethodSpec, xs: list[PromptRun], none: list[PromptRun],
         speedup_vs_none=_median_ratio(xs, none),
         speedup_vs_peers={p: _median_ratio(xs, refs) for p, refs in peers.items()},
         acceptance_rate=acceptance, tokens_per_target_call=tpc, draft_time_share=draft_share,
-        verify_time_share=verify_share, greedy_identical=sum(x.identical_to_none for x in xs), n_prompts=len(xs),
+        verify_time_share=verify_share, plain_step_share=plain_share, greedy_identical=sum(x.identical_to_none for x in xs), n_prompts=len(xs),
         per_prompt=xs,
     )
 
@@ -433,8 +441,8 @@ def format_markdown(report: BenchReport) -> str:
         f"{report.timing}; {report.speedup}; tok/s is the median (min-max) over prompts.",
         "",
         "| method | n_draft | tok/s | speedup vs none | " + "".join(f"speedup vs {p} | " for p in peers)
-        + "acceptance | tokens/target call | draft / verify time | identical to none |",
-        "|---|---|---|---|" + "---|" * len(peers) + "---|---|---|---|",
+        + "acceptance | tokens/target call | plain steps | draft / verify time | identical to none |",
+        "|---|---|---|---|" + "---|" * len(peers) + "---|---|---|---|---|",
     ]
     for r in report.results:
         split = ("-" if r.draft_time_share is None
@@ -443,7 +451,8 @@ def format_markdown(report: BenchReport) -> str:
             f"| {r.method} | {_fmt(r.n_draft, 'd')} | {r.tokens_per_second:.1f} ({r.tokens_per_second_min:.1f}-"
             f"{r.tokens_per_second_max:.1f}) | {r.speedup_vs_none:.2f}x | "
             + "".join(f"{r.speedup_vs_peers[p]:.2f}x | " for p in peers)
-            + f"{_fmt(r.acceptance_rate)} | {_fmt(r.tokens_per_target_call)} | {split} | "
+            + f"{_fmt(r.acceptance_rate)} | {_fmt(r.tokens_per_target_call)} | "
+            f"{'-' if r.plain_step_share is None else f'{100 * r.plain_step_share:.0f}%'} | {split} | "
             f"{r.greedy_identical}/{r.n_prompts} |"
         )
     divergences = [x for r in report.results for x in r.per_prompt if not x.identical_to_none]
@@ -514,9 +523,11 @@ def register_cli(subparsers: Any) -> None:
                      help="a prompt (one user message) instead of a suite; repeatable")
     p.add_argument("--n", type=int, default=5, help="prompts from the suite (default 5)")
     p.add_argument("--max-tokens", type=int, default=128, help="most new tokens per prompt (default 128)")
-    p.add_argument("--methods", default="none,chain,lookup",
-                   help="comma-separated, each with an optional :K draft length; available: "
-                        "none, chain, lookup, peer-llama-cpp, peer-pld (default none,chain,lookup)")
+    p.add_argument("--methods", default="none,auto,chain,lookup,peer-pld",
+                   help="comma-separated; chain, lookup, ouroboros and peer-pld take an optional :K draft "
+                        "length, tree:N a node budget, beam:KxL beams x length; available: auto, none, chain, "
+                        "tree, beam, lookup, ouroboros, peer-llama-cpp, peer-pld "
+                        "(default none,auto,chain,lookup,peer-pld)")
     p.add_argument("--n-draft", type=int, default=None,
                    help="draft length for methods without :K (default: chain 4, lookup 8, peer-pld 10)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for every method (default: all cores)")

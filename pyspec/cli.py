@@ -48,6 +48,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             tree_nodes=args.tree_nodes, tree_depth=args.tree_depth, tree_branching=args.tree_branching,
             tree_expand=args.tree_expand, beams=args.beams, beam_length=args.beam_length,
             acceptance=args.acceptance, typical_epsilon=args.typical_epsilon, typical_delta=args.typical_delta,
+            auto_max_depth=args.auto_max_depth, auto_max_nodes=args.auto_max_nodes,
+            auto_max_gamma=args.auto_max_gamma, auto_draft_model=not args.auto_no_draft_model,
         )
         if args.json:
             result = engine.generate(prompt, **kwargs)
@@ -85,10 +87,19 @@ def build_parser() -> argparse.ArgumentParser:
     from .config import METHODS, GenerationConfig
 
     d = GenerationConfig()
-    gen.add_argument("--method", choices=list(METHODS), default=None,
-                     help="decoding method: chain (draft model chain), tree (draft model token tree), beam "
-                          "(draft model beam search), lookup (prompt lookup, no draft model) or none "
-                          "(default: chain with a draft, else none)")
+    gen.add_argument("--method", choices=list(METHODS), default="auto",
+                     help="decoding method: auto (default: per step what pays on this machine, from the cost "
+                          "curves of `pyspec calibrate`), chain (draft model chain), tree (draft model token "
+                          "tree), beam (draft model beam search), lookup (prompt lookup + phrase pool, no draft "
+                          "model), ouroboros (draft model + phrase pool) or none (plain decoding)")
+    gen.add_argument("--auto-max-depth", type=int, default=d.auto_max_depth,
+                     help=f"auto: longest lookup/pool path considered (default {d.auto_max_depth})")
+    gen.add_argument("--auto-max-nodes", type=int, default=d.auto_max_nodes,
+                     help=f"auto: lookup/pool nodes considered per step (default {d.auto_max_nodes})")
+    gen.add_argument("--auto-max-gamma", type=int, default=d.auto_max_gamma,
+                     help=f"auto: longest draft-model chain considered (default {d.auto_max_gamma})")
+    gen.add_argument("--auto-no-draft-model", action="store_true",
+                     help="auto: never draft with the draft model (lookup, pool and plain decoding only)")
     gen.add_argument("--tree-nodes", type=int, default=d.tree_nodes, help=f"tree: node budget (default {d.tree_nodes})")
     gen.add_argument("--tree-depth", type=int, default=d.tree_depth, help=f"tree: longest path (default {d.tree_depth})")
     gen.add_argument("--tree-branching", type=int, default=d.tree_branching,
@@ -109,10 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generation_args(gen)
     gen.set_defaults(handler=_cmd_generate)
 
-    from . import bench, demo, data, distill, models
+    from . import bench, calibration, demo, data, distill, models
 
     demo.register_cli(sub)
     bench.register_cli(sub)
+    calibration.register_cli(sub)
     distill.register_cli(sub)
     models.register_cli(sub)
     data.register_cli(sub)

@@ -9,7 +9,11 @@ from typing import Any
 
 from . import _core
 
-METHODS = ("none", "chain", "tree", "beam", "lookup", "ouroboros")
+METHODS = ("auto", "none", "chain", "tree", "beam", "lookup", "ouroboros")
+
+# The real model pair the demo, the benchmark and `pyspec calibrate` use by default.
+DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 
 # Draft length per chain-like method when n_draft is not given: what measured best on the 2-core
 # development machine (`pyspec bench`, README "Measured results"). A free drafter affords longer
@@ -24,7 +28,12 @@ class GenerationConfig:
     Sampling: temperature 0 is greedy; above 0 tokens follow the target's distribution after
     top_k / top_p / min_p (all verification is exact unless acceptance="typical").
 
-    method: "none" (plain decoding), "chain" (draft model proposes a chain of n_draft tokens),
+    method: "auto" (the default: per step, whatever maximises expected tokens per second on this
+    machine: the prompt-lookup + phrase-pool proposal trimmed to the nodes that pay, a draft-model
+    chain when the draft's measured cost and running acceptance make it pay, or plain decoding;
+    considers paths up to auto_max_depth, auto_max_nodes nodes, chains up to auto_max_gamma, the
+    draft model only when auto_draft_model; needs the cost curves of `pyspec calibrate`, measured
+    on first use when missing), "none" (plain decoding), "chain" (draft model proposes a chain of n_draft tokens),
     "tree" (draft model grows candidates layer by layer, tree_depth layers, decoding the
     tree_expand best candidates of each layer together and adding their tree_branching likeliest
     tokens; the tree_nodes best candidates overall are verified), "beam" (draft-model beam search: beams x beam_length, compressed into a tree),
@@ -33,8 +42,7 @@ class GenerationConfig:
     pool adds up to pool_branches phrases as extra branches, max(n_draft, pool_max_nodes) nodes
     in all),
     "ouroboros" (draft model drafts n_draft tokens phrase by phrase, checking pool phrases in its
-    own decodes, then pool_branches pool phrases lengthen the draft). None: "chain" when the
-    engine has a draft model, else "none".
+    own decodes, then pool_branches pool phrases lengthen the draft). None means "auto".
     draft: which of the engine's draft models drafts ("" the default one, or the name of a
     slot added with Engine(drafts=...) / Engine.reload_draft(path, name=...)).
 
@@ -59,6 +67,10 @@ class GenerationConfig:
     method: str | None = None
     draft: str = ""
     n_draft: int | None = None
+    auto_max_depth: int = 16
+    auto_max_nodes: int = 32
+    auto_max_gamma: int = 8
+    auto_draft_model: bool = True
     seed: int | None = None
     lookup_ngram_max: int = 3
     lookup_ngram_min: int = 1
@@ -89,12 +101,11 @@ class GenerationConfig:
             raise TypeError(f"unknown generation option(s) {', '.join(unknown)}; valid: {', '.join(sorted(names))}")
         return dataclasses.replace(self, **options)
 
-    def resolved_method(self, has_draft: bool) -> str:
-        return self.method if self.method is not None else ("chain" if has_draft else "none")
+    def resolved_method(self) -> str:
+        return self.method if self.method is not None else "auto"
 
-    def to_core(self, has_draft: bool) -> Any:
-        """The engine's GenerateParams for these settings (the engine validates them);
-        has_draft: whether the engine holds the draft this config names."""
+    def to_core(self) -> Any:
+        """The engine's GenerateParams for these settings (the engine validates them)."""
         p = _core.GenerateParams()
         p.max_tokens = self.max_tokens
         p.sampling.temperature = self.temperature
@@ -102,9 +113,13 @@ class GenerationConfig:
         p.sampling.top_p = self.top_p
         p.sampling.min_p = self.min_p
         p.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        p.method = self.resolved_method(has_draft)
+        p.method = self.resolved_method()
         p.draft = self.draft
         p.n_draft = self.n_draft if self.n_draft is not None else DEFAULT_N_DRAFT.get(p.method, 4)
+        p.scheduler.max_depth = self.auto_max_depth
+        p.scheduler.max_nodes = self.auto_max_nodes
+        p.scheduler.max_gamma = self.auto_max_gamma
+        p.scheduler.use_draft_model = self.auto_draft_model
         p.lookup.ngram_max = self.lookup_ngram_max
         p.lookup.ngram_min = self.lookup_ngram_min
         p.tree.n_nodes = self.tree_nodes

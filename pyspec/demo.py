@@ -9,8 +9,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
-DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+from .config import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: E402
 
 
 @dataclass

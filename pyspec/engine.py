@@ -12,6 +12,7 @@ from typing import Any, Union
 import numpy as np
 
 from . import _core
+from .calibration import CostCurve
 from .config import DEFAULT_N_DRAFT, METHODS, GenerationConfig
 from .errors import EngineClosedError
 from .results import GenerationResult, GenerationStats, Trace
@@ -90,6 +91,7 @@ class Engine:
         finally:
             _forward_llama_logs()
         self.n_threads = threads
+        self.n_gpu_layers = int(n_gpu_layers)
         # One generation at a time: the engine owns one KV cache per model. A second caller
         # (another thread, or generate() while a stream() is running) waits its turn. Draft
         # swaps take the same lock, so a draft never changes during a generation.
@@ -252,6 +254,31 @@ class Engine:
     def clear_pool(self) -> None:
         self._core.clear_pool()
 
+    # -- cost curves (method "auto") -----------------------------------------------------------
+
+    def calibrate(self, *, force: bool = False, repeats: int = 3, progress: bool | None = None
+                  ) -> dict[str, "CostCurve"]:
+        """Cost curves of the target and every draft slot (time of one decode of k tokens) for
+        method="auto": cached ones (per model file, threads, offload, backend) unless force,
+        else measured now (a few seconds per model; progress bar on a terminal) and cached.
+        Returns {"target": curve, "draft" or "draft:<name>": curve, ...}."""
+        from . import calibration
+
+        with self._lock:
+            curves = {"target": calibration.ensure(self, None, force=force, repeats=repeats, progress=progress)}
+            for name in self._core.draft_names():
+                key = "draft" if name == "" else f"draft:{name}"
+                curves[key] = calibration.ensure(self, name, force=force, repeats=repeats, progress=progress)
+        return curves
+
+    def _ensure_costs(self, config: GenerationConfig) -> None:
+        """Installs the curves method auto needs (cache or measurement); engine lock held."""
+        from . import calibration
+
+        calibration.ensure(self, None)
+        if config.auto_draft_model and self._core.has_draft_named(config.draft):
+            calibration.ensure(self, config.draft)
+
     # -- generation ----------------------------------------------------------------------------
 
     def generate(self, prompt: Prompt, config: GenerationConfig | None = None, **options: Any) -> GenerationResult:
@@ -277,9 +304,11 @@ class Engine:
         return TextStream(self, self.prompt_tokens(prompt), cfg)
 
     def _run(self, tokens: list[int], config: GenerationConfig, on_text: Any) -> GenerationResult:
-        params = config.to_core(bool(self._core.has_draft_named(config.draft)))
+        params = config.to_core()
         try:
             with self._lock:
+                if params.method == "auto":
+                    self._ensure_costs(config)
                 core_result = self._core.generate(tokens, params, on_text)
         finally:
             _forward_llama_logs()

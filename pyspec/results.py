@@ -19,6 +19,7 @@ class GenerationStats:
     n_accepted: int  # draft tokens accepted
     n_candidate_tokens: int  # tokens drafted before compression (beam: beams x length per step)
     n_draft_decodes: int  # draft-model decodes (prefill included); 0 for model-free methods
+    n_empty_drafts: int  # steps that verified no draft token (auto: plain decoding steps)
     acceptance_rate: float  # n_accepted / n_drafted
     tokens_per_target_call: float  # n_generated / n_target_calls
     tokens_per_second: float  # n_generated / generation time (prefill excluded)
@@ -42,6 +43,7 @@ class GenerationStats:
             n_accepted=s.n_accepted,
             n_candidate_tokens=s.n_candidate_tokens,
             n_draft_decodes=s.n_draft_decodes,
+            n_empty_drafts=s.n_empty_drafts,
             acceptance_rate=s.acceptance_rate,
             tokens_per_target_call=s.tokens_per_target_call,
             tokens_per_second=s.tokens_per_second,

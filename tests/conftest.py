@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,10 @@ import pytest
 from pyspec._models.tiny import build_tiny_model
 
 TARGET_SEED = 0
+
+# Cost curves measured by tests (method "auto") stay out of the user's cache; subprocesses
+# (CLI tests) inherit the variable.
+os.environ.setdefault("PYSPEC_CALIBRATION_DIR", tempfile.mkdtemp(prefix="pyspec-calibration-"))
 
 
 @pytest.fixture(scope="session")

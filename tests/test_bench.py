@@ -16,7 +16,7 @@ PROMPTS = [
     "the cat sat on the mat, the cat sat on the",
     [{"role": "user", "content": "hello hello hello"}],
 ]
-METHODS = "none,chain:3,tree:8,beam:2x3,lookup:4,ouroboros:3,peer-llama-cpp,peer-pld:4"
+METHODS = "none,auto,chain:3,tree:8,beam:2x3,lookup:4,ouroboros:3,peer-llama-cpp,peer-pld:4"
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def test_parse_methods() -> None:
     specs = parse_methods("lookup:8,chain,peer-pld", n_draft=5)
     assert [(m.label, m.name, m.n_draft) for m in specs] == [
         ("none", "none", None), ("lookup:8", "lookup", 8), ("chain", "chain", 5), ("peer-pld", "peer-pld", 5)]
-    with pytest.raises(ValueError, match="unknown method 'forest'.*available: none, chain, tree, beam, lookup, ouroboros, peer"):
+    with pytest.raises(ValueError, match="unknown method 'forest'.*available: auto, none, chain, tree, beam, lookup, ouroboros, peer"):
         parse_methods("none,forest")
     specs = parse_methods("tree:24,beam:3x6,tree")
     assert [(m.label, m.name, dict(m.options)) for m in specs[1:]] == [
@@ -64,6 +64,10 @@ def test_report_structure_and_identity(report: BenchReport) -> None:
     assert by_method["chain:3"].acceptance_rate is not None and by_method["chain:3"].n_draft == 3
     assert by_method["chain:3"].draft_time_share is not None and by_method["chain:3"].draft_time_share > 0
     assert by_method["none"].acceptance_rate is None and by_method["none"].tokens_per_target_call == 1.0
+    assert by_method["none"].plain_step_share == 1.0 and by_method["chain:3"].plain_step_share == 0.0
+    auto = by_method["auto"]
+    assert auto.plain_step_share is not None and 0.0 <= auto.plain_step_share <= 1.0
+    assert all(x.n_empty_drafts is not None for x in auto.per_prompt)
     assert by_method["peer-pld:4"].n_draft == 4
     for peer in ("peer-llama-cpp", "peer-pld:4"):
         assert by_method[peer].acceptance_rate is None and by_method[peer].tokens_per_target_call is None
@@ -76,8 +80,8 @@ def test_markdown(report: BenchReport) -> None:
     assert "| method | n_draft | tok/s | speedup vs none | speedup vs peer-llama-cpp | speedup vs peer-pld:4 |" in table
     rows = {line.split(" | ")[0][2:]: line for line in table.splitlines() if line.startswith("| ")}
     assert set(METHODS.split(",")) <= set(rows)
-    assert rows["none"].endswith("| - | 1.00 | 0% / " + rows["none"].split("| 0% / ")[1])
-    assert rows["peer-llama-cpp"].endswith("| - | - | - | 3/3 |")
+    assert rows["none"].endswith("| - | 1.00 | 100% | 0% / " + rows["none"].split("| 0% / ")[1])
+    assert rows["peer-llama-cpp"].endswith("| - | - | - | - | 3/3 |")
     assert rows["chain:3"].endswith("| 3/3 |") and "| 1.00x |" in rows["none"]
     assert "Divergences" not in table
 

@@ -37,7 +37,7 @@ def test_generate_streams_text_and_prompt_file(tiny_target: str, tmp_path: Path)
     prompt.write_text("hello world", encoding="utf-8")
     p = pyspec_cli("generate", "--target", tiny_target, "--prompt-file", str(prompt), "--max-tokens", "10", "--chat")
     assert p.returncode == 0, p.stderr
-    assert "[none] 10 tokens" in p.stderr
+    assert "[auto] 10 tokens" in p.stderr
     j = pyspec_cli("generate", "--target", tiny_target, "--prompt-file", str(prompt), "--max-tokens", "10", "--chat", "--json")
     assert p.stdout.rstrip("\n") == json.loads(j.stdout)["text"]
 

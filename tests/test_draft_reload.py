@@ -44,14 +44,14 @@ def test_reload_changes_acceptance_and_keeps_greedy_output(
         tiny_target: str, tiny_drafts: dict[str, str], plain_tokens: list[int]) -> None:
     with make_engine(tiny_target, tiny_drafts["independent"]) as engine:
         assert engine.draft_version == 1
-        before = engine.generate(PROMPT, max_tokens=MAX_TOKENS)
+        before = engine.generate(PROMPT, max_tokens=MAX_TOKENS, method="chain")
         assert before.tokens == plain_tokens
         assert before.draft_version == 1
 
         assert engine.reload_draft(tiny_drafts["perturbed"]) == 2
         assert engine.draft_version == 2
         assert engine.draft_path == tiny_drafts["perturbed"]
-        after = engine.generate(PROMPT, max_tokens=MAX_TOKENS)
+        after = engine.generate(PROMPT, max_tokens=MAX_TOKENS, method="chain")
         assert after.tokens == plain_tokens
         assert after.draft_version == 2
         # The perturbed copy of the target agrees far more often than an independent model.
@@ -63,17 +63,17 @@ def test_engine_without_draft_starts_at_version_zero(tiny_target: str, tiny_draf
                                                      plain_tokens: list[int]) -> None:
     with make_engine(tiny_target) as engine:
         assert engine.draft_version == 0 and not engine.has_draft
-        assert engine.generate(PROMPT, max_tokens=4).method == "none"
+        assert engine.generate(PROMPT, max_tokens=4).draft_version == 0  # auto without a draft model
         assert engine.reload_draft(tiny_drafts["perturbed"]) == 1
         assert engine.has_draft
-        result = engine.generate(PROMPT, max_tokens=MAX_TOKENS)
+        result = engine.generate(PROMPT, max_tokens=MAX_TOKENS, method="chain")
         assert result.method == "chain" and result.tokens == plain_tokens
 
 
 def assert_old_draft_serving(engine: pyspec.Engine, draft: str, expected: pyspec.GenerationResult) -> None:
     assert engine.draft_version == 1
     assert engine.draft_path == draft
-    again = engine.generate(PROMPT, max_tokens=MAX_TOKENS)
+    again = engine.generate(PROMPT, max_tokens=MAX_TOKENS, method="chain")
     assert again.tokens == expected.tokens
     assert again.stats.n_accepted == expected.stats.n_accepted  # the same draft drafted
     assert again.draft_version == 1
@@ -83,7 +83,7 @@ def assert_old_draft_serving(engine: pyspec.Engine, draft: str, expected: pyspec
 def test_corrupt_reload_keeps_old_draft(tiny_target: str, tiny_drafts: dict[str, str],
                                         corrupt_files: dict[str, Path], kind: str) -> None:
     with make_engine(tiny_target, tiny_drafts["perturbed"]) as engine:
-        expected = engine.generate(PROMPT, max_tokens=MAX_TOKENS)
+        expected = engine.generate(PROMPT, max_tokens=MAX_TOKENS, method="chain")
         with pytest.raises(pyspec.ModelLoadError, match=corrupt_files[kind].name):
             engine.reload_draft(corrupt_files[kind])
         assert_old_draft_serving(engine, tiny_drafts["perturbed"], expected)
@@ -91,7 +91,7 @@ def test_corrupt_reload_keeps_old_draft(tiny_target: str, tiny_drafts: dict[str,
 
 def test_missing_file_reload_keeps_old_draft(tiny_target: str, tiny_drafts: dict[str, str], tmp_path: Path) -> None:
     with make_engine(tiny_target, tiny_drafts["perturbed"]) as engine:
-        expected = engine.generate(PROMPT, max_tokens=MAX_TOKENS)
+        expected = engine.generate(PROMPT, max_tokens=MAX_TOKENS, method="chain")
         with pytest.raises(FileNotFoundError, match="nope.gguf"):
             engine.reload_draft(tmp_path / "nope.gguf")
         assert_old_draft_serving(engine, tiny_drafts["perturbed"], expected)
@@ -100,7 +100,7 @@ def test_missing_file_reload_keeps_old_draft(tiny_target: str, tiny_drafts: dict
 def test_vocab_mismatch_reload_keeps_old_draft(tiny_target: str, tiny_drafts: dict[str, str], tmp_path: Path) -> None:
     other_vocab = build_tiny_model(tmp_path / "other_vocab.gguf", seed=0, n_merges=150)
     with make_engine(tiny_target, tiny_drafts["perturbed"]) as engine:
-        expected = engine.generate(PROMPT, max_tokens=MAX_TOKENS)
+        expected = engine.generate(PROMPT, max_tokens=MAX_TOKENS, method="chain")
         with pytest.raises(pyspec.VocabMismatchError, match="vocabulary sizes differ"):
             engine.reload_draft(other_vocab)
         assert_old_draft_serving(engine, tiny_drafts["perturbed"], expected)
@@ -117,7 +117,7 @@ def test_reload_waits_for_running_generation(tiny_target: str, tiny_drafts: dict
             return release.wait(30)
 
         results: list[pyspec.GenerationResult] = []
-        config = pyspec.GenerationConfig(max_tokens=MAX_TOKENS)
+        config = pyspec.GenerationConfig(max_tokens=MAX_TOKENS, method="chain")
         generation = threading.Thread(target=lambda: results.append(
             engine._run(engine.prompt_tokens(PROMPT), config, on_text)))
         generation.start()
@@ -137,8 +137,8 @@ def test_named_draft_slots_route_requests(tiny_target: str, tiny_drafts: dict[st
                                           plain_tokens: list[int]) -> None:
     with make_engine(tiny_target, tiny_drafts["independent"], drafts={"code": tiny_drafts["perturbed"]}) as engine:
         assert engine.draft_versions == {"": 1, "code": 1}
-        default = engine.generate(PROMPT, max_tokens=MAX_TOKENS)
-        code = engine.generate(PROMPT, max_tokens=MAX_TOKENS, draft="code")
+        default = engine.generate(PROMPT, max_tokens=MAX_TOKENS, method="chain")
+        code = engine.generate(PROMPT, max_tokens=MAX_TOKENS, draft="code", method="chain")
         assert default.tokens == code.tokens == plain_tokens
         assert code.draft == "code"
         assert code.stats.acceptance_rate > default.stats.acceptance_rate + 0.2
@@ -148,7 +148,7 @@ def test_named_draft_slots_route_requests(tiny_target: str, tiny_drafts: dict[st
         assert engine.draft_versions == {"": 1, "code": 2}
         engine.remove_draft("code")
         assert engine.draft_versions == {"": 1}
-        assert engine.generate(PROMPT, max_tokens=4, draft="code").method == "none"
+        assert engine.generate(PROMPT, max_tokens=4, draft="code").draft_version == 0
 
 
 def test_exported_draft_reloads(tiny_target: str, tiny_drafts: dict[str, str], plain_tokens: list[int],
@@ -158,8 +158,8 @@ def test_exported_draft_reloads(tiny_target: str, tiny_drafts: dict[str, str], p
     exported = online.export_gguf(online.load_gguf(tiny_drafts["perturbed"]), tmp_path / "exported.gguf",
                                   dtype="f32")
     with make_engine(tiny_target, tiny_drafts["perturbed"]) as engine:
-        source = engine.generate(PROMPT, max_tokens=MAX_TOKENS)
+        source = engine.generate(PROMPT, max_tokens=MAX_TOKENS, method="chain")
         assert engine.reload_draft(exported) == 2
-        result = engine.generate(PROMPT, max_tokens=MAX_TOKENS)
+        result = engine.generate(PROMPT, max_tokens=MAX_TOKENS, method="chain")
         assert result.tokens == plain_tokens
         assert result.stats.n_accepted == source.stats.n_accepted  # f32 export: the same weights

@@ -64,7 +64,7 @@ def test_rejected_rows_predict_the_targets_token(tiny_target: str, weak_draft: s
     and the PyTorch draft's argmax there is the draft token the target rejected."""
     draft = load_gguf(weak_draft)
     with make_engine(tiny_target, weak_draft) as engine:
-        result = engine.generate(PROMPTS[0], max_tokens=MAX_TOKENS)
+        result = engine.generate(PROMPTS[0], max_tokens=MAX_TOKENS, method="chain")
     sample = samples_from_result(result, positions="rejected")
     assert sample is not None and sample.n_rows == result.trace.reject_positions.shape[0] > 0
     sequence = result.prompt_tokens + result.tokens

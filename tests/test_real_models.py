@@ -44,7 +44,7 @@ def plain_runs(qwen_engine):
 
 @pytest.mark.parametrize("method,options", [
     ("chain", dict(n_draft=4)), ("lookup", dict(n_draft=8)), ("tree", {}), ("beam", dict(beams=3, beam_length=5)),
-    ("ouroboros", {}),
+    ("ouroboros", {}), ("auto", {}),
 ])
 def test_greedy_identical_on_humaneval(qwen_engine, plain_runs, method: str, options: dict) -> None:
     n_accepted = 0

@@ -128,17 +128,47 @@ def lookup_prompt(engine) -> list[int]:
 def test_decoder_samples_target_distribution(engines, kind: str, method: str) -> None:
     """Joint distribution of the first two generated tokens at temperature 1, top_k 6."""
     engine = engines[kind]
-    sampling = dict(temperature=1.0, top_k=6)
     # "lookup": plain prompt lookup (a chain); "lookup+pool": with the phrase pool's branches.
     options = {"pool": method == "lookup+pool"} if method.startswith("lookup") else {}
     method = method.split("+")[0]
     if options.get("pool"):
         engine.generate(lookup_prompt(engine), max_tokens=40, method="lookup")  # phrases to propose
     prompt = lookup_prompt(engine) if method == "lookup" else engine.tokenize("def hello():\n    return")
+    n_runs, n_first_drafted, n_accepted, _ = check_first_two_tokens(engine, prompt, method=method, n_draft=3,
+                                                                    **options)
+    if method == "lookup" and not options["pool"]:
+        # Every run drafted both tested tokens at step one, and some drafts were accepted.
+        assert n_first_drafted == 2 * n_runs
+    if method == "lookup":
+        assert n_accepted > 0
+
+
+@pytest.mark.parametrize("draft_model", [True, False])
+def test_auto_samples_target_distribution(tiny_target: str, tiny_drafts: dict[str, str], draft_model: bool) -> None:
+    """method auto on a flat cost curve: with the draft model it drafts sampled chains (q rows),
+    without it lookup proposals (one-hot); both must leave the target's distribution intact.
+    Seeded sampled requests never use the draft model, so the model case runs unseeded (the
+    engine's own seeded stream)."""
+    import pyspec
+
+    with pyspec.Engine(tiny_target, draft=tiny_drafts["perturbed"], n_ctx=1024, n_threads=2) as engine:
+        engine._core.set_cost(False, _core.CostCurve([1, 64], [10.0, 10.0]), "")
+        engine._core.set_cost(True, _core.CostCurve([1, 64], [0.1, 0.1]), "")
+        prompt = engine.tokenize("def hello():\n    return") if draft_model else lookup_prompt(engine)
+        n_runs, n_first_drafted, n_accepted, n_draft_decodes = check_first_two_tokens(
+            engine, prompt, seeded=not draft_model, method="auto", auto_draft_model=draft_model)
+        assert n_first_drafted > n_runs // 2 and n_accepted > 0  # drafts were proposed and accepted
+        assert (n_draft_decodes > 0) == draft_model
+
+
+def check_first_two_tokens(engine, prompt: list[int], seeded: bool = True, **options) -> tuple[int, int, int, int]:
+    """Chi-square test of the joint distribution of the first two sampled tokens (T = 1, top_k
+    6) against the target's; run r uses seed r when seeded. Returns (runs, tokens drafted at step
+    one, tokens accepted, draft-model decodes)."""
+    sampling = dict(temperature=1.0, top_k=6)
     p1 = target_probs(engine, prompt, **sampling)
-    support = np.flatnonzero(p1)
     joint = {}
-    for a in support:
+    for a in np.flatnonzero(p1):
         p2 = target_probs(engine, prompt + [int(a)], **sampling)
         for b in np.flatnonzero(p2):
             joint[(int(a), int(b))] = p1[a] * p2[b]
@@ -146,20 +176,17 @@ def test_decoder_samples_target_distribution(engines, kind: str, method: str) ->
     index = {c: i for i, c in enumerate(cells)}
     counts = np.zeros(len(cells) + 1)
     n_runs = 1500
-    n_first_drafted = n_accepted = 0
+    n_first_drafted = n_accepted = n_draft_decodes = 0
     for seed in range(n_runs):
-        r = engine.generate(prompt, max_tokens=3, method=method, n_draft=3, seed=seed, **sampling, **options)
+        r = engine.generate(prompt, max_tokens=3, seed=seed if seeded else None, **sampling, **options)
+        n_draft_decodes += r.stats.n_draft_decodes
         counts[index.get((r.tokens[0], r.tokens[1]), len(cells))] += 1
         n_first_drafted += len(r.trace.drafted(0))
         n_accepted += r.stats.n_accepted
     assert counts[-1] == 0, "generated a pair the target gives probability 0"
-    if method == "lookup" and not options["pool"]:
-        # Every run drafted both tested tokens at step one, and some drafts were accepted.
-        assert n_first_drafted == 2 * n_runs
-    if method == "lookup":
-        assert n_accepted > 0
     expected = np.array([joint[c] for c in cells])
     assert chi_square_pvalue(counts[:-1], expected / expected.sum()) > ALPHA
+    return n_runs, n_first_drafted, n_accepted, n_draft_decodes
 
 
 def test_seeded_generation_is_deterministic(engines) -> None:

@@ -168,10 +168,22 @@ struct DraftShape {
     int32_t n_nodes = 0;
 };
 
+// Whether method "auto" may draft with the draft model. Not for a seeded sampled request: with
+// only deterministic proposals, verification draws one token per position from the target
+// (verify_tree_rejection), so the seed alone fixes the output, whatever the scheduler learned or
+// the phrase pool holds; a sampled draft-model chain would consume the random stream differently.
+bool auto_uses_draft_model(const GenerateParams& params) {
+    return params.scheduler.use_draft_model && !(params.seed && !params.sampling.greedy());
+}
+
 DraftShape draft_shape(const GenerateParams& params) {
     if (params.method == "tree") return {params.tree.depth, params.tree.n_nodes};
     if (params.method == "beam") return {params.beam.length, params.beam.n_beams * params.beam.length};
     if (params.method == "none") return {0, 0};
+    if (params.method == "auto") {
+        const AutoParams& a = params.scheduler;
+        return {std::max(a.max_depth, a.max_gamma), std::max(a.max_nodes, a.max_gamma)};
+    }
     const bool pool = params.pool.enabled && params.pool.n_branches > 0;
     if (params.method == "lookup") return {params.n_draft, pool ? std::max(params.n_draft, params.pool.max_nodes) : params.n_draft};
     if (params.method == "ouroboros") {
@@ -258,6 +270,9 @@ void Engine::swap_draft(std::unique_ptr<Model> draft, const std::string& name) {
     {
         std::lock_guard<std::mutex> lock(drafts_mutex_);
         DraftSlot& slot = drafts_[name];
+        const bool same_size = slot.model && slot.model->n_layer() == draft->n_layer() &&
+                               slot.model->n_embd() == draft->n_embd();
+        if (!same_size) slot.cost = {};
         old = std::move(slot.model);
         slot.model = std::move(draft);
         ++slot.version;
@@ -308,6 +323,49 @@ std::vector<float> Engine::evaluate(const std::vector<int32_t>& tokens, bool use
     return out;
 }
 
+CostCurve Engine::measure_target_cost(const std::vector<int32_t>& sizes, int32_t repeats,
+                                      const CalibrationProgress& progress) {
+    Model& model = target();
+    target_cost_ = measure_cost_curve(model, sizes.empty() ? default_calibration_sizes() : sizes, repeats, true, progress);
+    return target_cost_;
+}
+
+CostCurve Engine::measure_draft_cost(const std::string& name, const std::vector<int32_t>& sizes, int32_t repeats,
+                                     const CalibrationProgress& progress) {
+    Model& model = draft(name);
+    const CostCurve curve =
+        measure_cost_curve(model, sizes.empty() ? default_calibration_sizes() : sizes, repeats, false, progress);
+    set_draft_cost(curve, name);
+    return curve;
+}
+
+void Engine::set_target_cost(const CostCurve& curve) {
+    check_open();
+    spec::validate(curve);
+    target_cost_ = curve;
+}
+
+void Engine::set_draft_cost(const CostCurve& curve, const std::string& name) {
+    check_open();
+    spec::validate(curve);
+    std::lock_guard<std::mutex> lock(drafts_mutex_);
+    const auto it = drafts_.find(name);
+    if (it == drafts_.end() || !it->second.model) {
+        throw InvalidArgumentError("engine has no draft model named '" + name + "' to set a cost curve for");
+    }
+    it->second.cost = curve;
+}
+
+CostCurve Engine::target_cost() const { return target_cost_; }
+
+CostCurve Engine::draft_cost(const std::string& name) const {
+    std::lock_guard<std::mutex> lock(drafts_mutex_);
+    const auto it = drafts_.find(name);
+    return it == drafts_.end() ? CostCurve{} : it->second.cost;
+}
+
+AcceptanceStats& Engine::acceptance_stats(const std::string& name) { return acceptance_[name]; }
+
 void Engine::close() {
     pool_.reset();
     {
@@ -322,6 +380,23 @@ std::unique_ptr<Drafter> Engine::make_drafter(const GenerateParams& params) {
     const std::string& method = params.method;
     if (method == "none") return nullptr;
     if (method == "lookup") return make_pool_lookup_drafter(params.lookup, pool_.get(), params.pool);
+    if (method == "auto") {
+        if (target_cost_.empty()) {
+            measure_target_cost();
+        }
+        Model* draft = auto_uses_draft_model(params) ? find_draft(params.draft) : nullptr;
+        if (draft && draft_cost(params.draft).empty()) {
+            measure_draft_cost(params.draft);
+        }
+        // The slot's curve lives in drafts_, which only changes between generations.
+        const CostCurve* cost = nullptr;
+        if (draft) {
+            std::lock_guard<std::mutex> lock(drafts_mutex_);
+            cost = &drafts_.at(params.draft).cost;
+        }
+        return make_auto_drafter(draft, cost, target_cost_, acceptance_[params.draft], pool_.get(), params.lookup,
+                                 params.pool, params.scheduler);
+    }
     if (method == "chain" || method == "tree" || method == "beam" || method == "ouroboros") {
         Model* draft = find_draft(params.draft);
         if (!draft) {
@@ -334,7 +409,8 @@ std::unique_ptr<Drafter> Engine::make_drafter(const GenerateParams& params) {
         if (method == "ouroboros") return make_ouroboros_drafter(*draft, *pool_, params.pool, params.n_draft);
         return make_model_beam_drafter(*draft, params.beam);
     }
-    throw InvalidArgumentError("unknown method '" + method + "' (available: none, chain, tree, beam, lookup, ouroboros)");
+    throw InvalidArgumentError("unknown method '" + method +
+                               "' (available: auto, none, chain, tree, beam, lookup, ouroboros)");
 }
 
 void Engine::validate(const std::vector<int32_t>& prompt, const GenerateParams& params) const {
@@ -364,8 +440,10 @@ void Engine::validate(const std::vector<int32_t>& prompt, const GenerateParams& 
     for (const auto& s : params.stop) {
         if (s.empty()) throw InvalidArgumentError("stop strings must not be empty");
     }
-    if (params.method == "lookup") spec::validate(params.lookup);
-    if (params.method == "lookup" || params.method == "ouroboros") spec::validate(params.pool);
+    const bool uses_lookup = params.method == "lookup" || params.method == "auto";
+    if (uses_lookup) spec::validate(params.lookup);
+    if (uses_lookup || params.method == "ouroboros") spec::validate(params.pool);
+    if (params.method == "auto") spec::validate(params.scheduler);
     if (params.method == "tree") spec::validate(params.tree);
     if (params.method == "beam") spec::validate(params.beam);
     if ((params.method == "tree" || params.method == "beam") &&
@@ -391,7 +469,8 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
 
     const auto t_start = Clock::now();
     Request req(params, *target_, drafter, rng_);
-    const bool uses_draft_model = params.method != "none" && params.method != "lookup";
+    const bool uses_draft_model = params.method != "none" && params.method != "lookup" &&
+                                  (params.method != "auto" || (auto_uses_draft_model(params) && has_draft(params.draft)));
     if (uses_draft_model) req.result.draft_version = draft_version(params.draft);
     Stats& stats = req.result.stats;
     stats.n_prompt_tokens = int32_t(prompt.size());
@@ -427,13 +506,14 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
         decode_draft(req, batch);
         ++stats.n_target_calls;
         const TreeVerdict verdict = verify_step(req);
-        if (drafter && params.sampling.greedy() && !req.draft.tokens.empty()) drafter->observe_target(req.parents, req.target_argmax);
+        if (drafter && params.sampling.greedy() && !req.draft.tokens.empty()) drafter->observe_target(req.draft.tokens, req.parents, req.target_argmax);
         stats.t_verify_ms += ms_since(t0);
 
         t0 = Clock::now();
         const int32_t n_draft = int32_t(req.draft.tokens.size());
         const int32_t n_accepted = int32_t(verdict.path.size());
         stats.n_drafted += n_draft;
+        if (n_draft == 0) ++stats.n_empty_drafts;
         stats.n_candidate_tokens += req.draft.n_candidate_tokens > 0 ? req.draft.n_candidate_tokens : n_draft;
         stats.n_accepted += n_accepted;
         ++stats.accept_histogram[size_t(std::min(n_accepted, shape.depth))];

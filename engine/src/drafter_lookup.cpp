@@ -9,6 +9,7 @@
 
 #include "spec/drafter.h"
 #include "spec/error.h"
+#include "spec/schedule.h"
 
 namespace spec {
 namespace {
@@ -38,12 +39,12 @@ public:
     }
 
     void draft(const DraftRequest& request, Draft& out) override {
-        out.tokens.clear();
-        out.probs.clear();  // deterministic proposal: verification treats q as one-hot
+        out.clear();  // deterministic proposal (no probs): verification treats q as one-hot
         ++stats_.n_draft_calls;
         extend(*request.tokens);
-        const int32_t start = find_continuation();
-        if (start < 0) return;
+        const Match match = find_continuation();
+        if (match.start < 0) return;
+        const int32_t start = match.start;
         // Past the end of the sequence the continuation reads the tokens proposed so far, as if
         // they were committed: a pattern of period n_tokens - start repeats.
         const int32_t n_tokens = int32_t(tokens_.size());
@@ -51,6 +52,7 @@ public:
             const int32_t pos = start + i;
             out.tokens.push_back(pos < n_tokens ? tokens_[size_t(pos)] : out.tokens[size_t(pos - n_tokens)]);
         }
+        out.kinds.assign(out.tokens.size(), kind_lookup(match.n));
         stats_.n_proposed += int64_t(out.tokens.size());
     }
 
@@ -88,10 +90,15 @@ private:
         }
     }
 
+    struct Match {
+        int32_t start = -1;  // first continuation token
+        int32_t n = 0;       // tokens of the matched suffix
+    };
+
     // Start of the tokens that followed the longest, then most recent, earlier occurrence of a
-    // suffix of the sequence (ngram_max down to ngram_min tokens); -1 when there is none. The
-    // index only holds n-grams with a following token, so the suffix never matches itself.
-    int32_t find_continuation() const {
+    // suffix of the sequence (ngram_max down to ngram_min tokens); start -1 when there is none.
+    // The index only holds n-grams with a following token, so the suffix never matches itself.
+    Match find_continuation() const {
         const int32_t n_tokens = int32_t(tokens_.size());
         const int32_t n_max = std::min(params_.ngram_max, n_tokens);
         uint64_t suffix_hash[kLookupNgramLimit + 1] = {};  // [n] hash of the last n tokens
@@ -106,9 +113,9 @@ private:
             if (it == by_hash.end()) continue;
             const int32_t start = it->second;
             // A hash collision is possible in principle; only a real match counts.
-            if (std::equal(tokens_.end() - n, tokens_.end(), tokens_.begin() + (start - n))) return start;
+            if (std::equal(tokens_.end() - n, tokens_.end(), tokens_.begin() + (start - n))) return {start, n};
         }
-        return -1;
+        return {};
     }
 
     LookupParams params_;

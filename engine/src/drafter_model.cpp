@@ -5,6 +5,7 @@
 
 #include "spec/drafter.h"
 #include "spec/model.h"
+#include "spec/schedule.h"
 
 namespace spec {
 namespace {
@@ -23,8 +24,7 @@ public:
     }
 
     void draft(const DraftRequest& request, Draft& out) override {
-        out.tokens.clear();
-        out.probs.clear();
+        out.clear();
         ++stats_.n_draft_calls;
         const std::vector<int32_t>& tokens = *request.tokens;
         const SamplingParams& sampling = *request.sampling;
@@ -41,14 +41,18 @@ public:
             pos += int32_t(pending_.size());
             const float* logits = model_.logits(0);
             int32_t token;
+            float confidence;  // the draft's probability of its token: the scheduler's node kind
             if (sampling.greedy()) {
                 token = argmax(logits, n_vocab);
+                confidence = token_probability(logits, n_vocab, token);
             } else {
                 compute_probs(logits, n_vocab, sampling, probs_row_, scratch_);
                 token = sample_from(probs_row_.data(), n_vocab, *request.rng);
+                confidence = probs_row_[size_t(token)];
                 out.probs.insert(out.probs.end(), probs_row_.begin(), probs_row_.end());
             }
             out.tokens.push_back(token);
+            out.kinds.push_back(kind_model(confidence));
             if (model_.is_eog(token)) break;  // nothing useful follows an end of generation
             pending_.assign(1, token);
         }

@@ -8,6 +8,7 @@
 #include "spec/error.h"
 #include "spec/model.h"
 #include "spec/phrase_pool.h"
+#include "spec/schedule.h"
 #include "spec/sampling.h"
 #include "spec/tree.h"
 
@@ -83,7 +84,9 @@ public:
                 for (const auto& u : used_) seen = seen || u.phrase == phrase;
                 if (seen) continue;
                 const int32_t n = std::min<int32_t>(int32_t(phrase.size()) - k, depth_max);
+                out.kinds.resize(out.tokens.size(), kKindUnknown);
                 add_chain(out.tokens, out.parents, parent, phrase.data() + k, n, max_nodes);
+                out.kinds.resize(out.tokens.size(), kind_pool(k));
                 used_.push_back({phrase, k, parent});
             }
         }
@@ -144,16 +147,16 @@ public:
         chain_->draft(request, chain_draft_);
         last_root_ = request.tokens->back();
         if (!pool_.active()) {
-            out.tokens = chain_draft_.tokens;
-            last_tokens_ = out.tokens;  // a chain: parents stay empty
+            out.tokens = chain_draft_.tokens;  // a chain: parents stay empty
+            out.kinds = chain_draft_.kinds;
             stats_.n_proposed += int64_t(out.tokens.size());
             return;
         }
         const int32_t max_nodes = request.n_nodes_max;  // max(n_draft, pool max_nodes), see the decoder
         add_chain(out.tokens, out.parents, -1, chain_draft_.tokens.data(),
                   std::min<int32_t>(int32_t(chain_draft_.tokens.size()), max_nodes), max_nodes);
+        out.kinds.assign(chain_draft_.kinds.begin(), chain_draft_.kinds.begin() + std::ptrdiff_t(out.tokens.size()));
         pool_.add_branches(*request.tokens, -1, request.n_draft_max, max_nodes, out);
-        last_tokens_ = out.tokens;
         stats_.n_proposed += int64_t(out.tokens.size());
     }
 
@@ -165,8 +168,9 @@ public:
         pool_.credit(accepted, std::vector<int32_t>(pool_.used().size(), 0));
     }
 
-    void observe_target(const std::vector<int32_t>& parents, const std::vector<int32_t>& target_argmax) override {
-        pool_.harvest_verification(last_root_, last_tokens_, parents, target_argmax);
+    void observe_target(const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents,
+                        const std::vector<int32_t>& target_argmax) override {
+        pool_.harvest_verification(last_root_, tokens, parents, target_argmax);
     }
 
     void end(const std::vector<int32_t>& committed) override { pool_.harvest_generated(committed); }
@@ -178,7 +182,6 @@ private:
     PoolUser pool_;
     Draft chain_draft_;
     int32_t last_root_ = 0;
-    std::vector<int32_t> last_tokens_;  // [n] the last draft (chain + branches)
     DrafterStats stats_;
 };
 
@@ -224,7 +227,6 @@ public:
                 for (size_t i = n_before; i < out.tokens.size(); ++i) out.probs[i * n_vocab + size_t(out.tokens[i])] = 1.0f;
             }
         }
-        last_tokens_ = out.tokens;
         last_root_ = committed.back();
         stats_.n_proposed += int64_t(out.tokens.size());
     }
@@ -241,8 +243,9 @@ public:
         pool_.credit(accepted, std::vector<int32_t>(pool_.used().size(), n_trunk_));
     }
 
-    void observe_target(const std::vector<int32_t>& parents, const std::vector<int32_t>& target_argmax) override {
-        pool_.harvest_verification(last_root_, last_tokens_, parents, target_argmax);
+    void observe_target(const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents,
+                        const std::vector<int32_t>& target_argmax) override {
+        pool_.harvest_verification(last_root_, tokens, parents, target_argmax);
     }
 
     void end(const std::vector<int32_t>& committed) override { pool_.harvest_generated(committed); }
@@ -330,7 +333,6 @@ private:
     int32_t last_root_ = 0;
     std::vector<int32_t> context_;     // committed + drafted so far
     std::vector<int32_t> pending_, guess_;
-    std::vector<int32_t> last_tokens_;
     std::vector<BatchToken> batch_;
     std::vector<std::vector<int32_t>> found_;
     std::vector<float> probs_row_;

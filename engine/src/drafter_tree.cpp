@@ -95,27 +95,6 @@ void draft_distribution(const float* logits, int32_t n_vocab, const SamplingPara
     }
 }
 
-// Walks the last draft tree along the accepted tokens (the n_accepted tokens before the last of
-// committed); returns the deepest accepted node, -1 when none.
-int32_t accepted_node(const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents,
-                      const std::vector<int32_t>& committed, int32_t n_accepted) {
-    const size_t first = committed.size() - 1 - size_t(n_accepted);
-    int32_t node = -1;
-    for (int32_t j = 0; j < n_accepted; ++j) {
-        const int32_t want = committed[first + size_t(j)];
-        int32_t next = -1;
-        for (size_t c = 0; c < tokens.size(); ++c) {
-            if (parents[c] == node && tokens[c] == want) {
-                next = int32_t(c);
-                break;
-            }
-        }
-        if (next < 0) throw InvalidArgumentError("draft tree: the accepted tokens are not a path of the last draft");
-        node = next;
-    }
-    return node;
-}
-
 // Common part of the two tree drafters: the KV bookkeeping of the accepted path.
 class ModelTreeDrafterBase : public Drafter {
 public:
@@ -132,7 +111,8 @@ public:
         stats_.n_accepted += n_accepted;
         // The accepted nodes that were decoded are a prefix of the path (a node is decoded only
         // to grow children); keep them, feed the rest with the next root.
-        int32_t node = accepted_node(last_tokens_, last_parents_, committed, n_accepted);
+        const std::vector<int32_t> path = accepted_path(last_tokens_, last_parents_, committed, n_accepted);
+        int32_t node = path.empty() ? -1 : path.back();
         int32_t depth = n_accepted;
         while (node >= 0 && node_seq_[size_t(node)] == 0) {
             node = last_parents_[size_t(node)];

@@ -257,4 +257,9 @@ void check_vocab_compatible(const Model& target, const Model& draft) {
     }
 }
 
+std::string backend_description() {
+    log_capture_install();  // initialises the backends
+    return llama_print_system_info();
+}
+
 }  // namespace spec

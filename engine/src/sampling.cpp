@@ -400,4 +400,11 @@ void top_k_entries(const float* probs, int32_t n, int32_t k, std::vector<int32_t
     }
 }
 
+float token_probability(const float* logits, int32_t n_vocab, int32_t token) {
+    const float max = logits[argmax(logits, n_vocab)];
+    double sum = 0.0;
+    for (int32_t i = 0; i < n_vocab; ++i) sum += std::exp(double(logits[i] - max));
+    return float(std::exp(double(logits[token] - max)) / sum);
+}
+
 }  // namespace spec

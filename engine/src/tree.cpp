@@ -143,4 +143,29 @@ int32_t add_chain(std::vector<int32_t>& tokens, std::vector<int32_t>& parents, i
     return node;
 }
 
+std::vector<int32_t> accepted_path(const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents,
+                                   const std::vector<int32_t>& committed, int32_t n_accepted) {
+    if (n_accepted < 0 || size_t(n_accepted) + 1 > committed.size() || size_t(n_accepted) > tokens.size()) {
+        throw InvalidArgumentError("accepted_path: " + std::to_string(n_accepted) + " accepted tokens do not fit");
+    }
+    const size_t first = committed.size() - 1 - size_t(n_accepted);
+    std::vector<int32_t> path;
+    int32_t node = -1;
+    for (int32_t j = 0; j < n_accepted; ++j) {
+        const int32_t want = committed[first + size_t(j)];
+        int32_t next = -1;
+        for (size_t c = 0; c < tokens.size(); ++c) {
+            const int32_t parent = parents.empty() ? int32_t(c) - 1 : parents[c];
+            if (parent == node && tokens[c] == want) {
+                next = int32_t(c);
+                break;
+            }
+        }
+        if (next < 0) throw InvalidArgumentError("the accepted tokens are not a path of the last draft");
+        path.push_back(next);
+        node = next;
+    }
+    return path;
+}
+
 }  // namespace spec

@@ -86,14 +86,34 @@ TreeVerdict verify_tree_rejection(const std::vector<int32_t>& tokens, const std:
     const size_t row_size = size_t(n_vocab);
     TreeVerdict verdict;
     size_t row = 0;
+    if (!draft_probs) {
+        // Deterministic candidates: one draw per row, matched against the children (see header).
+        for (;;) {
+            const int32_t t = sample_from(target_probs + row * row_size, n_vocab, rng);
+            int32_t next = -1;
+            for (int32_t c : children[row]) {
+                if (tokens[size_t(c)] == t) {
+                    next = c;
+                    break;
+                }
+            }
+            if (next < 0) {
+                verdict.is_bonus = children[row].empty();
+                verdict.next_token = t;
+                return verdict;
+            }
+            verdict.path.push_back(next);
+            row = size_t(next) + 1;
+        }
+    }
     for (;;) {
         const float* p = target_probs + row * row_size;  // the current target: row, then residuals
         bool residual_in_use = false;
         int32_t next = -1;
         for (int32_t c : children[row]) {
             const int32_t x = tokens[size_t(c)];
-            const float* q = draft_probs ? draft_probs + size_t(c) * row_size : nullptr;
-            const float q_x = q ? q[x] : 1.0f;
+            const float* q = draft_probs + size_t(c) * row_size;
+            const float q_x = q[x];
             // Accept with probability min(1, p/q), as u * q < p to avoid the division. A token q
             // never proposes (q == 0) cannot really have been drawn; accept it iff p allows it.
             const double u = rng.uniform();
@@ -102,14 +122,9 @@ TreeVerdict verify_tree_rejection(const std::vector<int32_t>& tokens, const std:
                 next = c;
                 break;
             }
-            // p <- norm(max(0, p - q)); with a one-hot q only p(x) changes.
+            // p <- norm(max(0, p - q)).
             double mass = 0.0;
-            if (q) {
-                for (size_t j = 0; j < row_size; ++j) mass += std::max(0.0f, p[j] - q[j]);
-            } else {
-                for (size_t j = 0; j < row_size; ++j) mass += p[j];
-                mass -= p[x];
-            }
+            for (size_t j = 0; j < row_size; ++j) mass += std::max(0.0f, p[j] - q[j]);
             // A rejection that leaves nothing (only through rounding, or a q == 0 candidate):
             // p itself is then the right distribution; keep it.
             if (mass <= 0.0) continue;
@@ -119,12 +134,7 @@ TreeVerdict verify_tree_rejection(const std::vector<int32_t>& tokens, const std:
                 residual_in_use = true;
             }
             const float inv = float(1.0 / mass);
-            if (q) {
-                for (size_t j = 0; j < row_size; ++j) residual[j] = std::max(0.0f, residual[j] - q[j]) * inv;
-            } else {
-                residual[size_t(x)] = 0.0f;
-                for (size_t j = 0; j < row_size; ++j) residual[j] *= inv;
-            }
+            for (size_t j = 0; j < row_size; ++j) residual[j] = std::max(0.0f, residual[j] - q[j]) * inv;
         }
         if (next < 0) {
             verdict.is_bonus = children[row].empty();

@@ -151,6 +151,10 @@ class OnlineDistiller:
                  **options: Any) -> GenerationResult:
         """Engine.generate with this distiller's draft, then observe(result, domain=domain)."""
         cfg = (config or GenerationConfig()).replace(**options)
+        if cfg.method is None:
+            # The draft learns from its own rejected proposals: draft with it every step ("auto"
+            # would skip it where it does not pay yet, and there would be nothing to learn from).
+            cfg = cfg.replace(method="chain")
         keep_logits = cfg.return_logits
         if cfg.draft != self.draft:
             cfg = cfg.replace(draft=self.draft)

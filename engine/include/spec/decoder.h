@@ -12,11 +12,13 @@
 #include <string>
 #include <vector>
 
+#include "spec/calibrate.h"
 #include "spec/drafter.h"
 #include "spec/model.h"
 #include "spec/phrase_pool.h"
 #include "spec/rng.h"
 #include "spec/sampling.h"
+#include "spec/schedule.h"
 
 namespace spec {
 
@@ -24,9 +26,11 @@ struct GenerateParams {
     int32_t max_tokens = 256;
     SamplingParams sampling;
     std::vector<std::string> stop;
-    std::string method = "chain";  // "none" | "chain" | "tree" | "beam" | "lookup" | "ouroboros"
+    // "auto" | "none" | "chain" | "tree" | "beam" | "lookup" | "ouroboros"
+    std::string method = "chain";
     std::string draft;             // the draft slot that drafts ("": the constructor's draft)
     int32_t n_draft = 4;           // longest chain proposed per step (chain, lookup; ouroboros: gamma)
+    AutoParams scheduler;          // method "auto" (its lookup and pool use `lookup` and `pool`)
     TreeParams tree;               // method "tree"
     BeamParams beam;               // method "beam"
     LookupParams lookup;           // n-gram sizes of method "lookup"
@@ -50,6 +54,7 @@ struct Stats {
     int32_t n_candidate_tokens = 0;  // tokens drafted before compression (beam: K * L per step)
     int32_t n_accepted = 0;        // draft tokens accepted
     int32_t n_draft_decodes = 0;   // draft model decodes (0 for model-free drafting)
+    int32_t n_empty_drafts = 0;    // steps that verified no draft token (plain decoding steps)
     std::vector<int32_t> accept_histogram;  // [max depth + 1] steps that accepted i draft tokens
     double t_prefill_ms = 0, t_draft_ms = 0, t_verify_ms = 0, t_other_ms = 0;
     double t_total_ms = 0;         // prefill + generation
@@ -159,6 +164,25 @@ public:
     // The phrase pool shared by all requests (thread-safe; save / load / clear / stats).
     PhrasePool& pool();
 
+    // Cost curves of method "auto" (spec/schedule.h): the target's time to verify k tokens (all
+    // rows) and a draft's time to decode k tokens (last row). measure_* times them on this
+    // machine (spec/calibrate.h; sizes empty: default_calibration_sizes()) and installs the
+    // result; set_* installs a curve measured earlier (the Python layer caches them per model
+    // file, threads and backend). A generation with method "auto" measures what is missing
+    // first. A draft slot's curve survives swap_draft when the new model has the old one's
+    // layer count and width, and is dropped otherwise.
+    CostCurve measure_target_cost(const std::vector<int32_t>& sizes = {}, int32_t repeats = 3,
+                                  const CalibrationProgress& progress = nullptr);
+    CostCurve measure_draft_cost(const std::string& name = "", const std::vector<int32_t>& sizes = {},
+                                 int32_t repeats = 3, const CalibrationProgress& progress = nullptr);
+    void set_target_cost(const CostCurve& curve);
+    void set_draft_cost(const CostCurve& curve, const std::string& name = "");
+    CostCurve target_cost() const;                            // empty when not measured
+    CostCurve draft_cost(const std::string& name = "") const;  // empty when not measured
+    // The auto scheduler's running acceptance statistics for requests drafting with slot `name`
+    // (they persist across requests).
+    AcceptanceStats& acceptance_stats(const std::string& name = "");
+
     // Frees the models; any later call throws ClosedError.
     void close();
     bool closed() const { return target_ == nullptr; }
@@ -167,6 +191,7 @@ private:
     struct DraftSlot {
         std::unique_ptr<Model> model;  // null after remove_draft
         int64_t version = 0;
+        CostCurve cost;                // empty until measured or set
     };
 
     void check_open() const;
@@ -182,6 +207,8 @@ private:
     mutable std::mutex drafts_mutex_;
     std::map<std::string, DraftSlot> drafts_;
     std::unique_ptr<PhrasePool> pool_;
+    CostCurve target_cost_;
+    std::map<std::string, AcceptanceStats> acceptance_;
     Rng rng_;
 };
 

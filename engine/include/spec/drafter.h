@@ -35,11 +35,16 @@ struct Draft {
     // Tokens the drafter considered before compressing them into this draft (beam search: the
     // beams' K * L tokens); 0 means tokens.size().
     int32_t n_candidate_tokens = 0;
+    // [n] or empty: what produced each node (spec/schedule.h: kind_lookup, kind_pool,
+    // kind_model), the key under which the auto scheduler learns how often such nodes are
+    // accepted. Empty: unknown.
+    std::vector<uint8_t> kinds;
 
     void clear() {
         tokens.clear();
         parents.clear();
         probs.clear();
+        kinds.clear();
         n_candidate_tokens = 0;
     }
 };
@@ -64,11 +69,12 @@ public:
     // committed sequence (it ends with the recovered/bonus token, not yet seen by the drafter).
     virtual void accept(const std::vector<int32_t>& committed, int32_t n_accepted) = 0;
     virtual DrafterStats stats() const = 0;
-    // Greedy decoding only, right after verification of the last draft: target_argmax[r] is the
-    // target's token after batch row r (row 0: the last committed token, row i + 1: draft node
-    // i), parents the draft's tree (a chain spelled out). Drafters may learn from it, e.g.
-    // harvest target-confirmed phrases. Default: nothing.
-    virtual void observe_target(const std::vector<int32_t>& /*parents*/, const std::vector<int32_t>& /*target_argmax*/) {}
+    // Greedy decoding only, right after verification of the last draft: tokens / parents are the
+    // draft as verified (a chain's parents spelled out), target_argmax[r] the target's token
+    // after batch row r (row 0: the last committed token, row i + 1: node i). Drafters may learn
+    // from it, e.g. harvest target-confirmed phrases. Default: nothing.
+    virtual void observe_target(const std::vector<int32_t>& /*tokens*/, const std::vector<int32_t>& /*parents*/,
+                                const std::vector<int32_t>& /*target_argmax*/) {}
     // The request ended; committed is the final sequence (prompt + output). Default: nothing.
     virtual void end(const std::vector<int32_t>& /*committed*/) {}
 };
@@ -164,5 +170,36 @@ std::unique_ptr<Drafter> make_ouroboros_drafter(Model& draft_model, PhrasePool& 
 
 // Throws InvalidArgumentError naming the bad field.
 void validate(const PoolParams& params);
+
+struct CostCurve;
+class AcceptanceStats;
+
+// Settings of the auto scheduler ("auto"): the largest proposals it considers per step; the
+// planner (spec/schedule.h) keeps what pays.
+struct AutoParams {
+    int32_t max_depth = 16;        // longest prompt-lookup / pool path considered
+    int32_t max_nodes = 32;        // lookup + pool nodes considered (<= kMaxTreeNodes)
+    int32_t max_gamma = 8;         // longest draft-model chain considered
+    // Consider the draft model at all (needs its cost curve). Seeded sampled requests never use
+    // it: with one-hot proposals only, the seed alone fixes their tokens (see the decoder).
+    bool use_draft_model = true;
+};
+
+// Throws InvalidArgumentError naming the bad field.
+void validate(const AutoParams& params);
+
+// The auto scheduler as a drafter. Every step it builds the free proposal (prompt lookup + pool
+// phrases, up to max_depth / max_nodes) and keeps the node set that maximises expected tokens
+// per ms under the target's cost curve and the running acceptance statistics (possibly none:
+// plain decoding). When a draft model is given with its cost curve, it also predicts what a
+// draft-model chain of each length would earn from the model's running acceptance and drafts
+// with the model when that beats the free proposal; greedy chains are then trimmed with the
+// draft's own per-token confidence (sampled chains are not: their length must not depend on the
+// tokens drawn, or verification would stop being exact). The model's KV cache is filled lazily,
+// the first time it drafts. stats is updated after every step and outlives the request.
+// draft_model / draft_cost may be null (no model); target_cost must not be empty.
+std::unique_ptr<Drafter> make_auto_drafter(Model* draft_model, const CostCurve* draft_cost, const CostCurve& target_cost,
+                                           AcceptanceStats& stats, PhrasePool* pool, const LookupParams& lookup,
+                                           const PoolParams& pool_params, const AutoParams& params);
 
 }  // namespace spec

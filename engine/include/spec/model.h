@@ -113,4 +113,8 @@ private:
 // first token whose text differs) when a draft cannot propose tokens for the target.
 void check_vocab_compatible(const Model& target, const Model& draft);
 
+// llama.cpp's description of the compute backends and CPU features in this process
+// (llama_print_system_info): part of the key under which cost curves are cached.
+std::string backend_description();
+
 }  // namespace spec

@@ -38,6 +38,10 @@ void compute_probs(const float* logits, int32_t n_vocab, const SamplingParams& p
 // logits: [n_vocab], probs: [n_vocab]
 void softmax(const float* logits, int32_t n_vocab, std::vector<float>& probs);
 
+// softmax(logits)[token] at temperature 1, without writing the distribution out.
+// logits: [n_vocab]
+float token_probability(const float* logits, int32_t n_vocab, int32_t token);
+
 // Draws an index from a distribution whose entries sum to ~1 (renormalises by the actual sum).
 // probs: [n]
 int32_t sample_from(const float* probs, int32_t n, Rng& rng);

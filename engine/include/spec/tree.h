@@ -76,4 +76,10 @@ BeamTree beams_to_tree(const std::vector<int32_t>& beams, int32_t n_beams, int32
 int32_t add_chain(std::vector<int32_t>& tokens, std::vector<int32_t>& parents, int32_t parent,
                   const int32_t* chain, int32_t n_chain, int32_t max_nodes);
 
+// The nodes of a tree (tokens, parents; parents empty: a chain) that the accepted tokens walk
+// through: the n_accepted tokens before the last of `committed`, root first. Throws
+// InvalidArgumentError when they are not a path of the tree.
+std::vector<int32_t> accepted_path(const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents,
+                                   const std::vector<int32_t>& committed, int32_t n_accepted);
+
 }  // namespace spec

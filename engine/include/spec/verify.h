@@ -82,6 +82,16 @@ TreeVerdict verify_tree_greedy(const std::vector<int32_t>& tokens, const std::ve
 // row of that child, the conditional p(. | path, x): by the chain rule the whole accepted path
 // plus the final token is a draw from the target. A one-hot candidate (deterministic proposal)
 // is accepted with probability p(x), and on rejection x leaves the residual entirely.
+//
+// When every candidate is deterministic (draft_probs nullptr) the trials at a node collapse into
+// one draw: trying one-hot children c_1, c_2, ... in turn outputs c_k with probability p(x_k)
+// (accept x_1 with p(x_1); else x_2 with p(x_2) / (1 - p(x_1)), and so on) and otherwise a token
+// from p restricted to the other tokens, which is exactly "draw t from p; descend into the child
+// whose token is t, or stop with t". That is how it is computed: one uniform per output token
+// (sample_from), whatever the draft. So with deterministic drafts (prompt lookup, pool phrases,
+// top-k trees, beams) the output for a given random stream does not depend on what was drafted:
+// it is token for token what plain decoding (method none) samples from the same seed, up to the
+// batch-size numerics of the target's rows.
 // target_probs: [n + 1, n_vocab] row-major float32 (row 0: root, row i + 1: node i)
 // draft_probs:  [n, n_vocab] (row i: the distribution token i was drawn from), or nullptr when
 //               every candidate is deterministic (q one-hot at its token)

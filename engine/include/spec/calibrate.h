@@ -1,0 +1,31 @@
+// Measuring a model's cost curve on this machine (spec/schedule.h): the time of one decode of k
+// tokens, at the thread count and backend the model was loaded with.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "spec/schedule.h"
+
+namespace spec {
+
+class Model;
+
+// Called after each measured decode with (done, total).
+using CalibrationProgress = std::function<void(int32_t, int32_t)>;
+
+// Times one decode of k tokens for every k in `sizes` (increasing, from 1), on top of a context
+// of up to 128 tokens already in the cache, as verification and drafting see it. all_rows: every
+// token produces a logits row (the target verifying a draft) or only the last (a draft model
+// drafting). One warm-up decode, then `repeats` rounds over all sizes (sizes interleaved, so a
+// slow spell of a shared machine hits all of them alike); the median per size, made monotone.
+// Clears the model's KV cache before and after. Throws InvalidArgumentError for bad sizes or
+// repeats < 1, and when the largest size does not fit n_batch or the context.
+CostCurve measure_cost_curve(Model& model, const std::vector<int32_t>& sizes, int32_t repeats, bool all_rows,
+                             const CalibrationProgress& progress = nullptr);
+
+// The sizes measured when none are given: 1, 2, 3, 4, 6, 8, 12, 16, 24, 32.
+std::vector<int32_t> default_calibration_sizes();
+
+}  // namespace spec

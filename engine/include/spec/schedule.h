@@ -1,0 +1,119 @@
+// The auto scheduler's parts (method "auto"): what a decode of k tokens costs on this machine
+// (a measured cost curve), how often each kind of draft node is accepted (running statistics),
+// and the planner that keeps the part of a draft that maximises expected tokens per second,
+// possibly nothing (plain decoding). Pure code, no model; the decoder and the auto drafter use it.
+//
+// Expected tokens of a step that verifies the node set S of a draft tree: 1 (the token the target
+// always adds) + sum over nodes v in S of P(v), where P(v) = P(parent) * a(v) is the probability
+// that the whole path to v is accepted and a(v) the estimated acceptance of v given its parent.
+// (At most one child of a node is accepted, so the accepted path has exactly as many nodes as
+// accepted events, and the sum is its expected length.) Siblings compete for the same target
+// token, so a later sibling gets at most the probability its earlier siblings leave.
+// Its cost: the time already spent drafting + the target's time to decode |S| + 1 tokens.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace spec {
+
+// Time of one decode call as a function of the tokens in it, measured at a few sizes.
+struct CostCurve {
+    std::vector<int32_t> n_tokens;  // strictly increasing, starting at 1
+    std::vector<double> ms;         // [same] milliseconds of one decode of that many tokens
+
+    bool empty() const { return n_tokens.empty(); }
+    // Linear interpolation between measured sizes; past the last one, the last segment's slope
+    // (never decreasing). k <= 1 gives the one-token cost.
+    double at(int32_t k) const;
+};
+
+// Throws InvalidArgumentError unless n_tokens starts at 1, increases strictly, has as many
+// entries as ms, and every time is finite and > 0.
+void validate(const CostCurve& curve);
+
+// The measured times made non-decreasing in k (a running maximum): a noisy machine can time a
+// bigger batch faster, but the planner must not believe that more tokens are cheaper.
+CostCurve monotone(CostCurve curve);
+
+// Node kinds: what produced a draft node, the key of the acceptance statistics. Drafters fill
+// Draft::kinds with these (0 when they do not).
+constexpr uint8_t kKindUnknown = 0;
+uint8_t kind_lookup(int32_t ngram);       // prompt lookup after an n-gram match: 1..16
+uint8_t kind_pool(int32_t key_len);       // pool phrase found with a key of key_len tokens: 17..32
+uint8_t kind_model(float probability);    // draft model, by the draft's probability decile: 33..42
+bool is_model_kind(uint8_t kind);
+constexpr int32_t kNumKinds = 43;
+constexpr int32_t kKindDepths = 8;        // depths 0..6 apart, 7 and deeper together
+
+// Running acceptance statistics per (kind, depth): a Beta-like estimate with a prior mean per
+// kind (lookup and pool 0.5, draft model the middle of its decile) worth kPriorWeight
+// observations; counts are halved once a cell has seen kHalfLife tries, so the estimates follow
+// a changing stream (a prompt that starts copying, a reloaded draft).
+class AcceptanceStats {
+public:
+    static constexpr double kPriorWeight = 2.0;
+    static constexpr double kHalfLife = 64.0;
+
+    AcceptanceStats();
+    // P(node accepted | its parent accepted), in (0, 1).
+    double estimate(uint8_t kind, int32_t depth) const;
+    void record(uint8_t kind, int32_t depth, bool accepted);
+    // Records how a draft tree fared against the tokens that actually followed its root
+    // (actual[0] the target's token after the root, actual[1] after that, ...): walking down
+    // the tree along `actual`, every child of the root and of each matched node was tried, and
+    // it was accepted iff its token is the actual one. For a verified draft, actual is the
+    // accepted path plus the target's next token. For a proposal that was never verified it is
+    // what got committed later: with greedy decoding exactly what verification would have
+    // accepted; with sampling, a deterministic (one-hot) proposal x is accepted with
+    // probability p(x), the probability that the committed token is x, so the record is
+    // unbiased either way. Nodes deeper than n_actual are not recorded.
+    // tokens/parents/kinds: [n] (parents empty: a chain; kinds empty: unknown); actual: [n_actual]
+    void record_outcome(const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents,
+                        const std::vector<uint8_t>& kinds, const int32_t* actual, int32_t n_actual);
+    // Acceptance of draft-model nodes over all deciles and depths: what a chain the draft model
+    // has not drafted yet can expect per token. Its prior is optimistic (kModelPrior), so that
+    // a draft model is tried where the cost curves let it pay at all, and dropped once its real
+    // acceptance shows it does not.
+    static constexpr double kModelPrior = 0.8;
+    double model_acceptance() const;
+    void clear();
+
+private:
+    double hits_[kNumKinds][kKindDepths];
+    double tries_[kNumKinds][kKindDepths];
+    double model_hits_ = 0, model_tries_ = 0;
+};
+
+// The nodes of a draft worth verifying.
+struct DraftPlan {
+    std::vector<int32_t> keep;     // kept node indices, increasing (parents before children)
+    double expected_tokens = 1.0;  // 1 + sum of P over kept nodes
+    double ms = 0.0;               // sunk drafting time + target decode of keep.size() + 1 tokens
+    double tokens_per_ms() const { return ms > 0 ? expected_tokens / ms : 0.0; }
+};
+
+// The prefix-closed node set with the best expected tokens per ms (the empty set, plain
+// decoding, included). Nodes are taken in decreasing P(v) order, which keeps parents before
+// children since a(v) < 1. parents empty: a chain. kinds empty: all unknown.
+DraftPlan plan_draft(const std::vector<int32_t>& parents, const std::vector<uint8_t>& kinds,
+                     const AcceptanceStats& stats, const CostCurve& target, double sunk_ms);
+
+// A draft-model chain not yet drafted: the length gamma in [0, gamma_max] with the best expected
+// tokens per ms when each token is accepted with probability alpha, drafting costs
+// draft.at(1) per token and verification target.at(gamma + 1). gamma 0 is plain decoding.
+struct ChainPlan {
+    int32_t gamma = 0;
+    double expected_tokens = 1.0;
+    double ms = 0.0;
+    double tokens_per_ms() const { return ms > 0 ? expected_tokens / ms : 0.0; }
+};
+ChainPlan plan_chain(double alpha, const CostCurve& target, const CostCurve& draft, int32_t gamma_max);
+
+// Keeps only the nodes `keep` (increasing, prefix-closed) of a tree given by tokens / parents /
+// kinds / probs rows (each may be empty where the draft has none; parents empty: a chain, which
+// stays a chain). n_vocab: the row length of probs.
+void keep_nodes(const std::vector<int32_t>& keep, int32_t n_vocab, std::vector<int32_t>& tokens,
+                std::vector<int32_t>& parents, std::vector<uint8_t>& kinds, std::vector<float>& probs);
+
+}  // namespace spec

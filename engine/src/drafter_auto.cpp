@@ -1,0 +1,196 @@
+// The auto scheduler (method "auto"): per step, the proposal and size that maximise expected
+// tokens per second under the measured cost curves (spec/schedule.h), or plain decoding.
+#include <algorithm>
+#include <chrono>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "spec/drafter.h"
+#include "spec/error.h"
+#include "spec/model.h"
+#include "spec/schedule.h"
+#include "spec/tree.h"
+
+namespace spec {
+namespace {
+
+// A draft-model chain is drafted only when its predicted rate beats the free proposal's by this
+// factor: the prediction rests on averages, the free proposal's on the nodes at hand.
+constexpr double kModelMargin = 1.02;
+
+class AutoDrafter final : public Drafter {
+public:
+    AutoDrafter(Model* model, const CostCurve* draft_cost, const CostCurve& target_cost, AcceptanceStats& stats,
+                PhrasePool* pool, const LookupParams& lookup, const PoolParams& pool_params, const AutoParams& params)
+        : lookup_(make_pool_lookup_drafter(lookup, pool, pool_params)),
+          model_(model && draft_cost && params.use_draft_model ? model : nullptr),
+          draft_cost_(draft_cost),
+          target_cost_(target_cost),
+          acceptance_(stats),
+          params_(params) {}
+
+    std::string name() const override { return "auto"; }
+
+    void begin(const std::vector<int32_t>& prompt) override {
+        lookup_->begin(prompt);
+        chain_.reset();  // the draft model's cache is filled the first time it drafts
+        shadows_.clear();
+        n_model_decodes_before_ = 0;
+    }
+
+    void draft(const DraftRequest& request, Draft& out) override {
+        out.clear();
+        ++stats_.n_draft_calls;
+        used_ = nullptr;
+
+        DraftRequest free_request = request;
+        free_request.n_draft_max = std::min(request.n_draft_max, params_.max_depth);
+        free_request.n_nodes_max = std::min(request.n_nodes_max, params_.max_nodes);
+        lookup_->draft(free_request, free_);
+        if (!free_.tokens.empty()) {
+            // The whole free proposal is scored against what gets committed, verified or not.
+            const std::vector<int32_t> depths = tree_depths(parents_of(free_));
+            shadows_.push_back({int32_t(request.tokens->size()), *std::max_element(depths.begin(), depths.end()) + 1,
+                                free_.tokens, free_.parents, free_.kinds});
+        }
+        const DraftPlan free_plan = plan_draft(parents_of(free_), free_.kinds, acceptance_, target_cost_, 0.0);
+
+        if (model_) {
+            const int32_t gamma_max = std::min(params_.max_gamma, request.n_draft_max);
+            const ChainPlan chain_plan = plan_chain(acceptance_.model_acceptance(), target_cost_, *draft_cost_, gamma_max);
+            if (chain_plan.gamma > 0 && chain_plan.tokens_per_ms() > kModelMargin * free_plan.tokens_per_ms()) {
+                draft_with_model(request, chain_plan.gamma, out);
+                return;
+            }
+        }
+        if (!free_plan.keep.empty()) {
+            out = free_;
+            keep_nodes(free_plan.keep, 0, out.tokens, out.parents, out.kinds, out.probs);
+            used_ = lookup_.get();
+        }
+        stats_.n_proposed += int64_t(out.tokens.size());
+    }
+
+    void accept(const std::vector<int32_t>& committed, int32_t n_accepted) override {
+        stats_.n_accepted += n_accepted;
+        if (used_ && used_ == chain_.get()) {
+            // The accepted path and the target's next token.
+            const int32_t* actual = committed.data() + committed.size() - size_t(n_accepted) - 1;
+            acceptance_.record_outcome(model_draft_.tokens, model_draft_.parents, model_draft_.kinds, actual,
+                                       n_accepted + 1);
+        }
+        score_shadows(committed, false);
+        if (used_) used_->accept(committed, n_accepted);
+    }
+
+    void observe_target(const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents,
+                        const std::vector<int32_t>& target_argmax) override {
+        if (used_) used_->observe_target(tokens, parents, target_argmax);
+    }
+
+    void end(const std::vector<int32_t>& committed) override {
+        score_shadows(committed, true);
+        lookup_->end(committed);
+    }
+
+    DrafterStats stats() const override {
+        DrafterStats s = stats_;
+        s.n_model_decodes = n_model_decodes_before_ + (chain_ ? chain_->stats().n_model_decodes : 0);
+        return s;
+    }
+
+private:
+    static std::vector<int32_t> parents_of(const Draft& draft) {
+        return draft.parents.empty() ? chain_parents(int32_t(draft.tokens.size())) : draft.parents;
+    }
+
+    void draft_with_model(const DraftRequest& request, int32_t gamma, Draft& out) {
+        const auto t0 = std::chrono::steady_clock::now();
+        // The chain drafter feeds what it missed in one decode; after a long stretch without the
+        // model that would overflow a batch, so it starts over (its prefill goes in chunks).
+        const int32_t n_missed = int32_t(request.tokens->size()) - n_committed_at_model_;
+        if (chain_ && n_missed + gamma >= model_->params().n_batch) {
+            n_model_decodes_before_ += chain_->stats().n_model_decodes;
+            chain_.reset();
+        }
+        n_committed_at_model_ = int32_t(request.tokens->size());
+        if (!chain_) {
+            chain_ = make_model_chain_drafter(*model_);
+            chain_->begin(*request.tokens);  // catches up on the prompt and the output so far
+        }
+        DraftRequest model_request = request;
+        model_request.n_draft_max = gamma;
+        chain_->draft(model_request, out);
+        used_ = chain_.get();
+        if (request.sampling->greedy()) {
+            // The chain's length may depend on the drafted tokens only when they are not sampled.
+            const double sunk_ms =
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+            const DraftPlan plan = plan_draft(parents_of(out), out.kinds, acceptance_, target_cost_, sunk_ms);
+            keep_nodes(plan.keep, model_->n_vocab(), out.tokens, out.parents, out.kinds, out.probs);
+        }
+        model_draft_.tokens = out.tokens;
+        model_draft_.parents = out.parents;
+        model_draft_.kinds = out.kinds;
+        stats_.n_proposed += int64_t(out.tokens.size());
+    }
+
+    // Scores the free proposals whose every node can now be compared with committed tokens
+    // (all of them at the end of the request, with what there is).
+    void score_shadows(const std::vector<int32_t>& committed, bool final) {
+        while (!shadows_.empty()) {
+            const Shadow& s = shadows_.front();
+            const int32_t n_actual = int32_t(committed.size()) - s.position;
+            if (n_actual < s.depth && !final) break;
+            acceptance_.record_outcome(s.tokens, s.parents, s.kinds, committed.data() + s.position,
+                                       std::min(n_actual, s.depth));
+            shadows_.pop_front();
+        }
+    }
+
+    std::unique_ptr<Drafter> lookup_;
+    std::unique_ptr<Drafter> chain_;  // the draft model's chain drafter, once it has drafted
+    Model* model_;                    // null: the draft model is not considered
+    const CostCurve* draft_cost_;
+    const CostCurve& target_cost_;
+    AcceptanceStats& acceptance_;
+    AutoParams params_;
+    Drafter* used_ = nullptr;         // the drafter whose proposal went out last step (null: none)
+    int32_t n_committed_at_model_ = 0;    // committed tokens when the model last drafted
+    int64_t n_model_decodes_before_ = 0;  // decodes of chain drafters started over
+    Draft free_;
+    Draft model_draft_;  // the model's last draft as verified (tokens, parents, kinds)
+    // A free proposal awaiting its score: its root was committed[position - 1]; depth: its
+    // longest path.
+    struct Shadow {
+        int32_t position;
+        int32_t depth;
+        std::vector<int32_t> tokens, parents;
+        std::vector<uint8_t> kinds;
+    };
+    std::deque<Shadow> shadows_;
+    DrafterStats stats_;
+};
+
+}  // namespace
+
+void validate(const AutoParams& params) {
+    if (params.max_depth < 1) throw InvalidArgumentError("auto max_depth must be >= 1, got " + std::to_string(params.max_depth));
+    if (params.max_nodes < 1 || params.max_nodes > kMaxTreeNodes) {
+        throw InvalidArgumentError("auto max_nodes must be in [1, " + std::to_string(kMaxTreeNodes) + "], got " +
+                                   std::to_string(params.max_nodes));
+    }
+    if (params.max_gamma < 1) throw InvalidArgumentError("auto max_gamma must be >= 1, got " + std::to_string(params.max_gamma));
+}
+
+std::unique_ptr<Drafter> make_auto_drafter(Model* draft_model, const CostCurve* draft_cost, const CostCurve& target_cost,
+                                           AcceptanceStats& stats, PhrasePool* pool, const LookupParams& lookup,
+                                           const PoolParams& pool_params, const AutoParams& params) {
+    validate(params);
+    validate(target_cost);
+    if (draft_cost) validate(*draft_cost);
+    return std::make_unique<AutoDrafter>(draft_model, draft_cost, target_cost, stats, pool, lookup, pool_params, params);
+}
+
+}  // namespace spec

@@ -1,0 +1,203 @@
+#include "spec/schedule.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <string>
+
+#include "spec/error.h"
+
+namespace spec {
+
+double CostCurve::at(int32_t k) const {
+    if (n_tokens.empty()) return 0.0;
+    if (k <= n_tokens.front()) return ms.front();
+    const size_t n = n_tokens.size();
+    if (n == 1) return ms.front() * k;  // a single point: assume linear
+    size_t i = 1;
+    while (i + 1 < n && n_tokens[i] < k) ++i;
+    // Segment [i - 1, i]; past the end it is the last segment, extended.
+    const double x0 = n_tokens[i - 1], x1 = n_tokens[i];
+    const double slope = std::max(0.0, (ms[i] - ms[i - 1]) / (x1 - x0));
+    return ms[i - 1] + slope * (k - x0);
+}
+
+void validate(const CostCurve& curve) {
+    if (curve.n_tokens.empty()) throw InvalidArgumentError("cost curve is empty");
+    if (curve.n_tokens.size() != curve.ms.size()) {
+        throw InvalidArgumentError("cost curve has " + std::to_string(curve.n_tokens.size()) + " sizes but " +
+                                   std::to_string(curve.ms.size()) + " times");
+    }
+    if (curve.n_tokens.front() != 1) throw InvalidArgumentError("cost curve must start at 1 token");
+    for (size_t i = 0; i < curve.n_tokens.size(); ++i) {
+        if (i > 0 && curve.n_tokens[i] <= curve.n_tokens[i - 1]) {
+            throw InvalidArgumentError("cost curve sizes must increase strictly");
+        }
+        if (!std::isfinite(curve.ms[i]) || curve.ms[i] <= 0.0) {
+            throw InvalidArgumentError("cost curve time for " + std::to_string(curve.n_tokens[i]) +
+                                       " tokens must be finite and > 0");
+        }
+    }
+}
+
+CostCurve monotone(CostCurve curve) {
+    for (size_t i = 1; i < curve.ms.size(); ++i) curve.ms[i] = std::max(curve.ms[i], curve.ms[i - 1]);
+    return curve;
+}
+
+uint8_t kind_lookup(int32_t ngram) { return uint8_t(std::clamp(ngram, 1, 16)); }
+uint8_t kind_pool(int32_t key_len) { return uint8_t(16 + std::clamp(key_len, 1, 16)); }
+uint8_t kind_model(float probability) {
+    const int32_t decile = std::clamp(int32_t(probability * 10.0f), 0, 9);
+    return uint8_t(33 + decile);
+}
+bool is_model_kind(uint8_t kind) { return kind >= 33 && kind < kNumKinds; }
+
+namespace {
+
+double prior_mean(int32_t kind) {
+    if (kind >= 33 && kind < kNumKinds) return (kind - 33 + 0.5) / 10.0;
+    return 0.5;
+}
+
+int32_t depth_cell(int32_t depth) { return std::clamp(depth, 0, kKindDepths - 1); }
+
+}  // namespace
+
+AcceptanceStats::AcceptanceStats() { clear(); }
+
+void AcceptanceStats::clear() {
+    for (int32_t k = 0; k < kNumKinds; ++k) {
+        for (int32_t d = 0; d < kKindDepths; ++d) hits_[k][d] = tries_[k][d] = 0.0;
+    }
+    model_hits_ = model_tries_ = 0.0;
+}
+
+double AcceptanceStats::estimate(uint8_t kind, int32_t depth) const {
+    const int32_t k = kind < kNumKinds ? kind : 0;
+    const int32_t d = depth_cell(depth);
+    return (hits_[k][d] + kPriorWeight * prior_mean(k)) / (tries_[k][d] + kPriorWeight);
+}
+
+void AcceptanceStats::record(uint8_t kind, int32_t depth, bool accepted) {
+    const int32_t k = kind < kNumKinds ? kind : 0;
+    const int32_t d = depth_cell(depth);
+    hits_[k][d] += accepted ? 1.0 : 0.0;
+    tries_[k][d] += 1.0;
+    if (tries_[k][d] >= kHalfLife) {
+        hits_[k][d] *= 0.5;
+        tries_[k][d] *= 0.5;
+    }
+    if (is_model_kind(uint8_t(k))) {
+        model_hits_ += accepted ? 1.0 : 0.0;
+        model_tries_ += 1.0;
+        if (model_tries_ >= kHalfLife) {
+            model_hits_ *= 0.5;
+            model_tries_ *= 0.5;
+        }
+    }
+}
+
+double AcceptanceStats::model_acceptance() const {
+    return (model_hits_ + kPriorWeight * kModelPrior) / (model_tries_ + kPriorWeight);
+}
+
+void AcceptanceStats::record_outcome(const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents,
+                                     const std::vector<uint8_t>& kinds, const int32_t* actual, int32_t n_actual) {
+    const int32_t n = int32_t(tokens.size());
+    int32_t node = -1;
+    for (int32_t depth = 0; depth < n_actual; ++depth) {
+        int32_t next = -1;
+        for (int32_t i = node + 1; i < n; ++i) {  // children come after their parent
+            const int32_t parent = parents.empty() ? i - 1 : parents[size_t(i)];
+            if (parent != node) continue;
+            const bool accepted = tokens[size_t(i)] == actual[depth];
+            record(kinds.empty() ? kKindUnknown : kinds[size_t(i)], depth, accepted);
+            if (accepted && next < 0) next = i;
+        }
+        if (next < 0) return;
+        node = next;
+    }
+}
+
+DraftPlan plan_draft(const std::vector<int32_t>& parents, const std::vector<uint8_t>& kinds,
+                     const AcceptanceStats& stats, const CostCurve& target, double sunk_ms) {
+    const size_t n = parents.size();
+    // P(path to v accepted), with siblings sharing their parent's probability mass.
+    std::vector<double> path_prob(n, 0.0), mass_used(n + 1, 0.0);  // mass_used[p + 1]
+    std::vector<int32_t> depth(n, 0);
+    for (size_t i = 0; i < n; ++i) {
+        const int32_t p = parents[i];
+        depth[i] = p < 0 ? 0 : depth[size_t(p)] + 1;
+        const double a = stats.estimate(kinds.empty() ? kKindUnknown : kinds[i], depth[i]);
+        const double a_eff = std::max(0.0, std::min(a, 1.0 - mass_used[size_t(p + 1)]));
+        mass_used[size_t(p + 1)] += a_eff;
+        path_prob[i] = (p < 0 ? 1.0 : path_prob[size_t(p)]) * a_eff;
+    }
+    std::vector<int32_t> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t b) { return path_prob[size_t(a)] > path_prob[size_t(b)]; });
+
+    DraftPlan best;
+    best.ms = sunk_ms + target.at(1);
+    double tokens = 1.0;
+    size_t best_n = 0;
+    for (size_t k = 1; k <= n; ++k) {
+        tokens += path_prob[size_t(order[k - 1])];
+        const double ms = sunk_ms + target.at(int32_t(k) + 1);
+        if (tokens / ms > best.tokens_per_ms()) {
+            best.expected_tokens = tokens;
+            best.ms = ms;
+            best_n = k;
+        }
+    }
+    best.keep.assign(order.begin(), order.begin() + std::ptrdiff_t(best_n));
+    std::sort(best.keep.begin(), best.keep.end());
+    return best;
+}
+
+ChainPlan plan_chain(double alpha, const CostCurve& target, const CostCurve& draft, int32_t gamma_max) {
+    ChainPlan best;
+    best.ms = target.at(1);
+    double tokens = 1.0, reach = 1.0;
+    for (int32_t g = 1; g <= gamma_max; ++g) {
+        reach *= alpha;
+        tokens += reach;
+        const double ms = g * draft.at(1) + target.at(g + 1);
+        if (tokens / ms > best.tokens_per_ms()) best = {g, tokens, ms};
+    }
+    return best;
+}
+
+void keep_nodes(const std::vector<int32_t>& keep, int32_t n_vocab, std::vector<int32_t>& tokens,
+                std::vector<int32_t>& parents, std::vector<uint8_t>& kinds, std::vector<float>& probs) {
+    const size_t n = tokens.size();
+    std::vector<int32_t> new_index(n, -1);
+    for (size_t j = 0; j < keep.size(); ++j) new_index[size_t(keep[j])] = int32_t(j);
+    for (size_t j = 0; j < keep.size(); ++j) {
+        const size_t i = size_t(keep[j]);
+        tokens[j] = tokens[i];
+        if (!parents.empty()) {
+            const int32_t p = parents[i];
+            if (p >= 0 && new_index[size_t(p)] < 0) {
+                throw InvalidArgumentError("keep_nodes: node " + std::to_string(i) + " is kept without its parent");
+            }
+            parents[j] = p < 0 ? -1 : new_index[size_t(p)];
+        } else if (i != j) {
+            throw InvalidArgumentError("keep_nodes: a chain can only keep a prefix");
+        }
+        if (!kinds.empty()) kinds[j] = kinds[i];
+        if (!probs.empty() && i != j) {
+            std::copy(probs.begin() + std::ptrdiff_t(i * size_t(n_vocab)),
+                      probs.begin() + std::ptrdiff_t((i + 1) * size_t(n_vocab)),
+                      probs.begin() + std::ptrdiff_t(j * size_t(n_vocab)));
+        }
+    }
+    tokens.resize(keep.size());
+    if (!parents.empty()) parents.resize(keep.size());
+    if (!kinds.empty()) kinds.resize(keep.size());
+    if (!probs.empty()) probs.resize(keep.size() * size_t(n_vocab));
+}
+
+}  // namespace spec

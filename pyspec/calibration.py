@@ -1,0 +1,193 @@
+"""Cost curves for method="auto": measured once per model file, thread count, GPU offload and
+backend, cached as JSON under ``$PYSPEC_CACHE/calibration`` (default ``~/.cache/pyspec``).
+
+PYSPEC_CALIBRATION_DIR overrides the directory.
+
+A cost curve is the time of one decode of k tokens (k = 1, 2, 3, 4, 6, 8, 12, 16, 24, 32): for the
+target with a logits row per token (verifying a draft), for a draft with one row (drafting). The
+auto scheduler reads it to decide, step by step, how much drafting pays on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from . import _core
+from .config import DEFAULT_DRAFT, DEFAULT_TARGET
+from .fetch import Cache
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+log = logging.getLogger("pyspec")
+
+FORMAT_VERSION = 1
+DIR_ENV = "PYSPEC_CALIBRATION_DIR"
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    """Milliseconds of one decode of n_tokens[i] tokens: ms[i]."""
+
+    n_tokens: tuple[int, ...]
+    ms: tuple[float, ...]
+
+    def at(self, k: int) -> float:
+        return float(self._core().at(int(k)))
+
+    def _core(self) -> Any:
+        return _core.CostCurve(list(self.n_tokens), list(self.ms))
+
+    @classmethod
+    def _from_core(cls, c: Any) -> "CostCurve":
+        return cls(tuple(int(k) for k in c.n_tokens), tuple(float(t) for t in c.ms))
+
+    def relative(self) -> list[float]:
+        """Each time over the one-token time."""
+        return [t / self.ms[0] for t in self.ms]
+
+
+def cache_key(engine: "Engine", model_path: str) -> dict[str, Any]:
+    """What a cost curve depends on: the model file, threads, offload, backend and repacking."""
+    st = os.stat(model_path)
+    return {
+        "format": FORMAT_VERSION,
+        "model": os.path.realpath(model_path),
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "n_threads": engine.n_threads,
+        "n_gpu_layers": engine.n_gpu_layers,
+        "repack": engine.repack,
+        "backend": hashlib.sha256(str(engine._core.system_info()).encode()).hexdigest()[:16],
+    }
+
+
+def cache_file(key: dict[str, Any], cache: Cache | None = None) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+    override = os.environ.get(DIR_ENV)
+    if override and cache is None:
+        return Path(override).expanduser() / f"{digest}.json"
+    return (cache or Cache.default()).root / "calibration" / f"{digest}.json"
+
+
+def load_cached(key: dict[str, Any], cache: Cache | None = None) -> CostCurve | None:
+    """The cached curve for `key`, or None (missing, unreadable or for another key)."""
+    path = cache_file(key, cache)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("key") != key:
+            return None
+        curve = CostCurve(tuple(data["n_tokens"]), tuple(data["ms"]))
+        curve._core()  # validates
+        return curve
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("ignoring unreadable calibration file %s: %s", path, exc)
+        return None
+
+
+def save(key: dict[str, Any], curve: CostCurve, cache: Cache | None = None) -> Path:
+    """Writes the curve atomically (temp file + rename)."""
+    path = cache_file(key, cache)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"key": key, "n_tokens": list(curve.n_tokens), "ms": list(curve.ms),
+                               "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}, indent=1), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def _progress(label: str, enabled: bool | None) -> Any:
+    from tqdm import tqdm
+
+    # enabled None: a bar only when stderr is a terminal.
+    bar = tqdm(desc=label, unit="decode", disable=None if enabled is None else not enabled, leave=False,
+               file=sys.stderr)
+
+    def update(done: int, total: int) -> None:
+        if bar.total != total:
+            bar.total = total
+        bar.n = done
+        bar.refresh()
+
+    return bar, update
+
+
+def measure(engine: "Engine", draft: str | None, repeats: int = 3, progress: bool | None = None) -> CostCurve:
+    """Times the target (draft None) or draft slot `draft` now, installs and returns the curve."""
+    label = "calibrating target" if draft is None else f"calibrating draft {draft or '(default)'}"
+    log.info("%s: timing decodes of 1..32 tokens, %d rounds", label, repeats)
+    bar, update = _progress(label, progress)
+    try:
+        core = engine._core.measure_cost(draft is not None, draft or "", [], repeats, update)
+    finally:
+        bar.close()
+    return CostCurve._from_core(core)
+
+
+def ensure(engine: "Engine", draft: str | None, *, force: bool = False, repeats: int = 3,
+           progress: bool | None = None, cache: Cache | None = None) -> CostCurve:
+    """The installed curve of the target (draft None) or draft slot `draft`: from the engine if
+    it has one, else from the cache, else measured now and cached. force: measure again."""
+    use_draft = draft is not None
+    name = draft or ""
+    if not force:
+        current = engine._core.cost(use_draft, name)
+        if not current.empty:
+            return CostCurve._from_core(current)
+    path = engine.draft_paths.get(name) if use_draft else engine.target_path
+    if path is None:
+        raise ValueError(f"engine has no draft model named {name!r}")
+    key = cache_key(engine, path)
+    curve = None if force else load_cached(key, cache)
+    if curve is None:
+        curve = measure(engine, draft, repeats=repeats, progress=progress)
+        written = save(key, curve, cache)
+        log.info("cost curve cached in %s", written)
+    else:
+        engine._core.set_cost(use_draft, curve._core(), name)
+    return curve
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from .engine import Engine
+
+    with Engine(args.target, draft=args.draft or None, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers) as engine:
+        curves = engine.calibrate(force=args.force, repeats=args.repeats)
+    payload = {name: {"n_tokens": list(c.n_tokens), "ms": [round(t, 2) for t in c.ms]} for name, c in curves.items()}
+    if args.json:
+        print(json.dumps(payload))
+        return 0
+    for name, c in curves.items():
+        print(f"{name}: one decode of k tokens (ms, and relative to k=1)")
+        print("  k    " + " ".join(f"{k:>7d}" for k in c.n_tokens))
+        print("  ms   " + " ".join(f"{t:7.1f}" for t in c.ms))
+        print("  x1   " + " ".join(f"{r:7.2f}" for r in c.relative()))
+    return 0
+
+
+def register_cli(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "calibrate", help="measure (and cache) the cost of decoding k tokens, for method auto",
+        description="Times one decode of 1..32 tokens for the target (all logits rows) and the draft "
+                    "(last row) with these threads and offload, and caches the curves; method auto "
+                    "loads them (or measures on first use).")
+    p.add_argument("--target", default=DEFAULT_TARGET, help=f"GGUF path or registry name (default {DEFAULT_TARGET})")
+    p.add_argument("--draft", default=DEFAULT_DRAFT,
+                   help=f"GGUF path or registry name, '' for none (default {DEFAULT_DRAFT})")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--n-gpu-layers", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=3, help="rounds over all sizes; the median is kept (default 3)")
+    p.add_argument("--force", action="store_true", help="measure again even when a cached curve exists")
+    p.add_argument("--json", action="store_true", help="print the curves as JSON")
+    p.set_defaults(handler=_cmd_calibrate)

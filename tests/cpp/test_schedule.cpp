@@ -1,0 +1,192 @@
+// The auto scheduler's pure parts: cost curves, acceptance statistics (including scoring a
+// proposal against what was committed), the planner's choices on hand-computed cases, pruning a
+// tree, and one-draw verification of deterministic candidates. No model.
+#include <cstdio>
+#include <vector>
+
+#include "check.h"
+#include "spec/drafter.h"
+#include "spec/rng.h"
+#include "spec/sampling.h"
+#include "spec/schedule.h"
+#include "spec/tree.h"
+#include "spec/verify.h"
+
+using namespace spec;
+using Ids = std::vector<int32_t>;
+using Kinds = std::vector<uint8_t>;
+
+CostCurve curve(Ids n_tokens, std::vector<double> ms) { return CostCurve{std::move(n_tokens), std::move(ms)}; }
+
+void test_cost_curve() {
+    const CostCurve c = curve({1, 2, 4}, {100, 120, 200});
+    CHECK_NEAR(c.at(0), 100, 1e-9);
+    CHECK_NEAR(c.at(1), 100, 1e-9);
+    CHECK_NEAR(c.at(3), 160, 1e-9);  // between 2 and 4
+    CHECK_NEAR(c.at(6), 280, 1e-9);  // past the end: the last slope, 40 ms per token
+    CHECK(throws_invalid([] { validate(curve({2, 4}, {1, 2})); }, "start at 1"));
+    CHECK(throws_invalid([] { validate(curve({1, 1}, {1, 2})); }, "increase strictly"));
+    CHECK(throws_invalid([] { validate(curve({1, 2}, {1})); }, "2 sizes but 1 times"));
+    CHECK(throws_invalid([] { validate(curve({1, 2}, {1, -1})); }, "finite and > 0"));
+    CHECK(throws_invalid([] { validate(CostCurve{}); }, "empty"));
+    // A noisy measurement where 8 tokens timed faster than 4 is made non-decreasing.
+    const CostCurve m = monotone(curve({1, 4, 8}, {100, 300, 250}));
+    CHECK((m.ms == std::vector<double>{100, 300, 300}));
+}
+
+void test_acceptance_stats() {
+    AcceptanceStats s;
+    CHECK_NEAR(s.estimate(kind_lookup(3), 0), 0.5, 1e-12);          // prior
+    CHECK_NEAR(s.estimate(kind_model(0.93f), 0), 0.95, 1e-12);      // decile middle
+    CHECK_NEAR(s.model_acceptance(), AcceptanceStats::kModelPrior, 1e-12);
+    for (int i = 0; i < 8; ++i) s.record(kind_lookup(3), 2, true);
+    // (8 + 2 * 0.5) / (8 + 2)
+    CHECK_NEAR(s.estimate(kind_lookup(3), 2), 0.9, 1e-12);
+    CHECK_NEAR(s.estimate(kind_lookup(3), 1), 0.5, 1e-12);  // depths are apart
+    CHECK_NEAR(s.estimate(kind_pool(3), 2), 0.5, 1e-12);    // and kinds
+    // Depth 7 and deeper share a cell.
+    s.record(kind_lookup(1), 9, false);
+    CHECK_NEAR(s.estimate(kind_lookup(1), 7), 1.0 / 3.0, 1e-12);
+    // Half-life: after many rejections the old acceptances fade.
+    for (int i = 0; i < 200; ++i) s.record(kind_lookup(3), 2, false);
+    CHECK(s.estimate(kind_lookup(3), 2) < 0.05);
+    s.clear();
+    CHECK_NEAR(s.estimate(kind_lookup(3), 2), 0.5, 1e-12);
+}
+
+void test_record_outcome() {
+    // root -> 0:a -> 1:b -> 2:c        actual: a b x
+    //      -> 3:d
+    //              -> 4:e (below 0)
+    const Ids tokens = {10, 11, 12, 13, 14};
+    const Ids parents = {-1, 0, 1, -1, 0};
+    const Kinds kinds = {kind_lookup(1), kind_lookup(2), kind_lookup(3), kind_pool(1), kind_pool(2)};
+    AcceptanceStats s;
+    const Ids actual = {10, 11, 99};
+    s.record_outcome(tokens, parents, kinds, actual.data(), 3);
+    // Tried: 0 (accepted), 3 (rejected), 1 and 4 below 0 (1 accepted, 4 rejected), 2 (rejected).
+    CHECK_NEAR(s.estimate(kind_lookup(1), 0), (1 + 1.0) / 3.0, 1e-12);
+    CHECK_NEAR(s.estimate(kind_pool(1), 0), (0 + 1.0) / 3.0, 1e-12);
+    CHECK_NEAR(s.estimate(kind_lookup(2), 1), (1 + 1.0) / 3.0, 1e-12);
+    CHECK_NEAR(s.estimate(kind_pool(2), 1), (0 + 1.0) / 3.0, 1e-12);
+    CHECK_NEAR(s.estimate(kind_lookup(3), 2), (0 + 1.0) / 3.0, 1e-12);
+    // Only as deep as there are actual tokens: with one token, depth 1 is not scored.
+    AcceptanceStats t;
+    t.record_outcome(tokens, parents, kinds, actual.data(), 1);
+    CHECK_NEAR(t.estimate(kind_lookup(1), 0), 2.0 / 3.0, 1e-12);
+    CHECK_NEAR(t.estimate(kind_lookup(2), 1), 0.5, 1e-12);
+    // A chain (parents empty).
+    AcceptanceStats u;
+    const Ids chain = {5, 6, 7};
+    const Ids actual_chain = {5, 8, 7};
+    u.record_outcome(chain, {}, {}, actual_chain.data(), 3);
+    CHECK_NEAR(u.estimate(kKindUnknown, 0), 2.0 / 3.0, 1e-12);
+    CHECK_NEAR(u.estimate(kKindUnknown, 1), 1.0 / 3.0, 1e-12);
+    CHECK_NEAR(u.estimate(kKindUnknown, 2), 0.5, 1e-12);  // never tried: its parent was rejected
+}
+
+void test_plan_draft_hand_computed() {
+    // A chain of three unknown-kind nodes (estimate 0.5 each): P = 0.5, 0.25, 0.125.
+    // Cost: 100 ms + 20 ms per extra token. Rates: none 1/100, one node 1.5/120 = 0.0125,
+    // two 1.75/140 = 0.0125 (not better), three 1.875/160. The first best is kept: one node.
+    AcceptanceStats s;
+    const CostCurve c = curve({1, 2, 3, 4}, {100, 120, 140, 160});
+    const DraftPlan p = plan_draft(chain_parents(3), {}, s, c, 0.0);
+    CHECK((p.keep == Ids{0}));
+    CHECK_NEAR(p.expected_tokens, 1.5, 1e-12);
+    CHECK_NEAR(p.ms, 120, 1e-12);
+    // Drafting time already spent counts in every option, which favours longer drafts: with 50 ms
+    // sunk, two nodes win (1.75 / 190 > 1.875 / 210 > 1.5 / 170 > 1 / 150).
+    CHECK((plan_draft(chain_parents(3), {}, s, c, 50.0).keep == Ids{0, 1}));
+    // Verification as dear as decoding one token at a time never pays.
+    const CostCurve linear = curve({1, 2, 3, 4}, {100, 200, 300, 400});
+    CHECK(plan_draft(chain_parents(3), {}, s, linear, 0.0).keep.empty());
+    // Well-accepted nodes on a flat curve: everything is kept.
+    for (int d = 0; d < 3; ++d) {
+        for (int i = 0; i < 20; ++i) s.record(kind_lookup(2), d, true);
+    }
+    const CostCurve flat = curve({1, 8}, {100, 100});
+    const DraftPlan all = plan_draft(chain_parents(3), Kinds(3, kind_lookup(2)), s, flat, 0.0);
+    CHECK((all.keep == Ids{0, 1, 2}));
+}
+
+void test_plan_draft_siblings_share_mass() {
+    // Two children of the root, both of a kind accepted 90% of the time: they compete for the
+    // same target token, so the second can only have the 10% left. With 60 ms per extra token
+    // the first pays (1.9 / 160 > 1 / 100) and the second does not.
+    AcceptanceStats s;
+    for (int i = 0; i < 40; ++i) s.record(kind_pool(4), 0, i % 10 != 0);
+    const double a = s.estimate(kind_pool(4), 0);
+    CHECK(a > 0.85);
+    const CostCurve c = curve({1, 2, 3}, {100, 160, 220});
+    const DraftPlan p = plan_draft({-1, -1}, Kinds(2, kind_pool(4)), s, c, 0.0);
+    CHECK((p.keep == Ids{0}));
+    CHECK_NEAR(p.expected_tokens, 1.0 + a, 1e-12);
+}
+
+void test_plan_chain() {
+    const CostCurve target = curve({1, 16}, {100, 100});  // verification free up to 16 tokens
+    const CostCurve cheap = curve({1}, {1});
+    const CostCurve dear = curve({1}, {200});
+    CHECK(plan_chain(0.9, target, cheap, 8).gamma == 8);
+    CHECK(plan_chain(0.0, target, cheap, 8).gamma == 0);
+    CHECK(plan_chain(0.9, target, dear, 8).gamma == 0);  // a draft token costs two target tokens
+    const ChainPlan one = plan_chain(0.5, curve({1, 2}, {100, 110}), curve({1}, {10}), 1);
+    CHECK(one.gamma == 1);
+    CHECK_NEAR(one.expected_tokens, 1.5, 1e-12);
+    CHECK_NEAR(one.ms, 120, 1e-12);
+}
+
+void test_keep_nodes() {
+    // root -> 0 -> 1, root -> 2 -> 3; keep 0, 2, 3.
+    Ids tokens = {10, 11, 12, 13}, parents = {-1, 0, -1, 2};
+    Kinds kinds = {1, 2, 3, 4};
+    std::vector<float> probs = {0, 0, 1, 1, 2, 2, 3, 3};  // two-token rows
+    keep_nodes({0, 2, 3}, 2, tokens, parents, kinds, probs);
+    CHECK((tokens == Ids{10, 12, 13}));
+    CHECK((parents == Ids{-1, -1, 1}));
+    CHECK((kinds == Kinds{1, 3, 4}));
+    CHECK((probs == std::vector<float>{0, 0, 2, 2, 3, 3}));
+    Ids t2 = {1, 2, 3}, p2 = {-1, 0, 1};
+    Kinds k2;
+    std::vector<float> q2;
+    CHECK(throws_invalid([&] { keep_nodes({0, 2}, 1, t2, p2, k2, q2); }, "without its parent"));
+    Ids chain = {1, 2, 3}, none;
+    CHECK(throws_invalid([&] { keep_nodes({1}, 1, chain, none, k2, q2); }, "prefix"));
+}
+
+void test_deterministic_candidates_follow_the_random_stream() {
+    // With one-hot candidates, verification draws one token per row from the target: the
+    // output is what sampling the rows directly gives from the same stream, whatever the draft.
+    const int32_t n_vocab = 4;
+    const std::vector<float> row = {0.1f, 0.2f, 0.3f, 0.4f};
+    std::vector<float> target;  // [5, 4]: the same row everywhere
+    for (int i = 0; i < 5; ++i) target.insert(target.end(), row.begin(), row.end());
+    std::vector<float> residual;
+    for (uint64_t seed = 0; seed < 200; ++seed) {
+        Rng plain(seed);
+        Ids sampled;
+        for (int i = 0; i < 5; ++i) sampled.push_back(sample_from(row.data(), n_vocab, plain));
+        // A chain proposing the first two sampled tokens, then a wrong one, then anything.
+        const Ids draft = {sampled[0], sampled[1], (sampled[2] + 1) % n_vocab, 0};
+        Rng rng(seed);
+        const TreeVerdict v = verify_tree_rejection(draft, chain_parents(4), target.data(), nullptr, n_vocab, rng,
+                                                    residual);
+        CHECK(v.path.size() == 2);
+        CHECK(v.next_token == sampled[2]);
+        CHECK(!v.is_bonus);
+    }
+}
+
+int main() {
+    test_cost_curve();
+    test_acceptance_stats();
+    test_record_outcome();
+    test_plan_draft_hand_computed();
+    test_plan_draft_siblings_share_mass();
+    test_plan_chain();
+    test_keep_nodes();
+    test_deterministic_candidates_follow_the_random_stream();
+    std::printf("test_schedule: %d checks, %d failures\n", g_checks, g_failures);
+    return g_failures == 0 ? 0 : 1;
+}

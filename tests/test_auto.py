@@ -1,0 +1,213 @@
+"""method="auto": the scheduler's choices follow the cost curves, its output stays the target's,
+and cost curves are measured, cached and reloaded per model, threads and backend."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+import pyspec
+from pyspec import _core, calibration
+
+PROMPTS = [
+    "def hello():\n    return",
+    "The quick brown fox",
+    "import numpy as np\n\nclass Model:\n    def __init__(self):",
+    "a b c a b c a b c a b c",
+]
+
+
+def flat(ms: float) -> pyspec.CostCurve:
+    """A curve where verifying up to 64 tokens costs as much as one."""
+    return pyspec.CostCurve((1, 64), (ms, ms))
+
+
+def linear(ms: float) -> pyspec.CostCurve:
+    """A curve where k tokens cost k times one: verification never pays."""
+    return pyspec.CostCurve((1, 64), (ms, 64 * ms))
+
+
+def install(engine: pyspec.Engine, target: pyspec.CostCurve, draft: pyspec.CostCurve | None = None) -> None:
+    engine._core.set_cost(False, target._core(), "")
+    if draft is not None:
+        engine._core.set_cost(True, draft._core(), "")
+
+
+@pytest.fixture()
+def engine(tiny_target: str, tiny_drafts: dict[str, str]):
+    """A private engine (the tests install their own cost curves), identical draft."""
+    with pyspec.Engine(tiny_target, draft=tiny_drafts["identical"], n_ctx=1024, n_threads=2) as e:
+        yield e
+
+
+@pytest.mark.parametrize("kind", ["identical", "independent", "perturbed"])
+def test_auto_greedy_equals_plain(engines, kind: str) -> None:
+    engine = engines[kind]
+    for prompt in PROMPTS:
+        plain = engine.generate(prompt, max_tokens=48, method="none")
+        auto = engine.generate(prompt, max_tokens=48)  # auto is the default
+        assert auto.method == "auto"
+        assert auto.tokens == plain.tokens, (kind, prompt)
+        s = auto.stats
+        assert s.n_target_calls == s.n_empty_drafts + sum(1 for i in range(auto.trace.n_steps)
+                                                          if len(auto.trace.drafted(i)) > 0)
+        assert s.n_generated == len(auto.tokens)
+
+
+def test_linear_cost_means_plain_decoding(engine: pyspec.Engine) -> None:
+    """When k tokens cost k times one token, no proposal can pay: every step is plain decoding."""
+    install(engine, linear(10.0), linear(1.0))
+    r = engine.generate(PROMPTS[3], max_tokens=40)
+    assert r.stats.n_target_calls == r.stats.n_empty_drafts == 40
+    assert r.stats.n_drafted == 0 and r.stats.n_draft_decodes == 0
+    assert r.tokens == engine.generate(PROMPTS[3], max_tokens=40, method="none").tokens
+
+
+def test_free_verification_and_cheap_draft_use_the_draft_model(engine: pyspec.Engine) -> None:
+    """A flat target curve and a draft 100x cheaper than the target: draft-model chains pay, the
+    (identical) draft is always right, and auto drafts long chains with it."""
+    install(engine, flat(10.0), flat(0.1))
+    r = engine.generate(PROMPTS[1], max_tokens=48, auto_max_gamma=6)
+    assert r.tokens == engine.generate(PROMPTS[1], max_tokens=48, method="none").tokens
+    assert r.stats.n_draft_decodes > 0
+    assert r.stats.acceptance_rate == 1.0
+    assert r.stats.tokens_per_target_call > 4
+    assert r.draft_version == 1
+    # Told not to use the draft model, it does not.
+    r2 = engine.generate(PROMPTS[1], max_tokens=48, auto_draft_model=False)
+    assert r2.stats.n_draft_decodes == 0 and r2.draft_version == 0
+
+
+def test_dear_draft_model_is_not_used(engine: pyspec.Engine) -> None:
+    """A draft token that costs as much as a target token never pays, even when always right."""
+    install(engine, flat(10.0), flat(10.0))
+    r = engine.generate(PROMPTS[0], max_tokens=40)
+    assert r.stats.n_draft_decodes == 0
+
+
+def test_repetitive_text_is_drafted_from_lookup(tiny_target: str) -> None:
+    """No draft model: on a flat curve the lookup proposal pays once the output repeats itself."""
+    with pyspec.Engine(tiny_target, n_ctx=1024, n_threads=2) as engine:
+        install(engine, flat(10.0))
+        plain = engine.generate(PROMPTS[3], max_tokens=64, method="none")
+        r = engine.generate(PROMPTS[3], max_tokens=64)
+        assert r.tokens == plain.tokens
+        assert r.stats.n_draft_decodes == 0 and r.draft_version == 0
+        # The tiny target's greedy output falls into a loop; lookup then proposes it.
+        assert r.stats.n_accepted > 0 and r.stats.n_target_calls < 64
+
+
+def test_sampled_auto_with_a_seed_is_reproducible(engine: pyspec.Engine) -> None:
+    """Whatever the scheduler learned in between (and even where the draft model would pay), a
+    seed gives the same tokens: seeded sampled requests draft only one-hot proposals."""
+    install(engine, flat(10.0), flat(0.1))
+    a = engine.generate(PROMPTS[0], max_tokens=40, temperature=0.9, seed=123)
+    engine.generate(PROMPTS[3], max_tokens=40, temperature=0.9)  # more statistics, more phrases
+    b = engine.generate(PROMPTS[0], max_tokens=40, temperature=0.9, seed=123)
+    assert a.method == "auto" and a.tokens == b.tokens
+    assert a.stats.n_draft_decodes == 0 and a.draft_version == 0
+
+
+def test_deterministic_drafts_sample_what_plain_decoding_samples(engines) -> None:
+    """One-hot proposals are verified with one draw per token, so for a seed the sampled output of
+    lookup (and of auto without the draft model) is plain decoding's, token for token."""
+    engine = engines["identical"]
+    for seed in range(5):
+        plain = engine.generate(PROMPTS[3], max_tokens=48, temperature=1.0, seed=seed, method="none")
+        lookup = engine.generate(PROMPTS[3], max_tokens=48, temperature=1.0, seed=seed, method="lookup")
+        auto = engine.generate(PROMPTS[3], max_tokens=48, temperature=1.0, seed=seed, auto_draft_model=False)
+        assert lookup.tokens == plain.tokens, seed
+        assert auto.tokens == plain.tokens, seed
+
+
+def test_bad_auto_settings_are_named(engines) -> None:
+    engine = engines["identical"]
+    with pytest.raises(pyspec.InvalidArgumentError, match="auto max_nodes"):
+        engine.generate("x", max_tokens=4, auto_max_nodes=0)
+    with pytest.raises(pyspec.InvalidArgumentError, match="auto max_depth"):
+        engine.generate("x", max_tokens=4, auto_max_depth=0)
+    with pytest.raises(pyspec.InvalidArgumentError, match="increase strictly"):
+        pyspec.CostCurve((1, 1), (1.0, 2.0))._core()
+
+
+# -- calibration ------------------------------------------------------------------------------
+
+
+def test_measured_curve_is_sane(engine: pyspec.Engine) -> None:
+    curves = engine.calibrate(force=True, repeats=2, progress=False)
+    assert set(curves) == {"target", "draft"}
+    for c in curves.values():
+        assert c.n_tokens == (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+        assert all(t > 0 for t in c.ms)
+        assert list(c.ms) == sorted(c.ms)  # made monotone
+    # Installed in the engine.
+    assert tuple(engine._core.cost(False, "").ms) == curves["target"].ms
+
+
+def test_curves_are_cached_and_reloaded(tiny_target: str, tiny_drafts: dict[str, str], tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(calibration.DIR_ENV, str(tmp_path))
+    with pyspec.Engine(tiny_target, draft=tiny_drafts["perturbed"], n_ctx=512, n_threads=2) as e:
+        first = e.calibrate(repeats=1, progress=False)
+        key = calibration.cache_key(e, e.target_path)
+    files = sorted(tmp_path.glob("*.json"))
+    assert len(files) == 2
+    stored = json.loads(calibration.cache_file(key).read_text())
+    assert stored["key"] == key and tuple(stored["ms"]) == first["target"].ms
+
+    def no_measuring(*args, **kwargs):
+        raise AssertionError("measured although a cached curve exists")
+
+    monkeypatch.setattr(calibration, "measure", no_measuring)
+    with pyspec.Engine(tiny_target, draft=tiny_drafts["perturbed"], n_ctx=512, n_threads=2) as e:
+        assert e.calibrate(progress=False) == first
+        # method auto picks the cached curves up by itself.
+        assert e.generate("x", max_tokens=4).method == "auto"
+    # Another thread count is another key: measured again.
+    monkeypatch.undo()
+    monkeypatch.setenv(calibration.DIR_ENV, str(tmp_path))
+    with pyspec.Engine(tiny_target, n_ctx=512, n_threads=1) as e:
+        e.calibrate(repeats=1, progress=False)
+    assert len(list(tmp_path.glob("*.json"))) == 3
+
+
+def test_corrupt_cache_file_is_measured_again(tiny_target: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv(calibration.DIR_ENV, str(tmp_path))
+    with pyspec.Engine(tiny_target, n_ctx=512, n_threads=2) as e:
+        e.calibrate(repeats=1, progress=False)
+        path = calibration.cache_file(calibration.cache_key(e, e.target_path))
+    path.write_text("{not json", encoding="utf-8")
+    with caplog.at_level(logging.WARNING, logger="pyspec"), pyspec.Engine(tiny_target, n_ctx=512, n_threads=2) as e:
+        curve = e.calibrate(repeats=1, progress=False)["target"]
+    assert "unreadable calibration file" in caplog.text
+    assert json.loads(path.read_text())["ms"] == list(curve.ms)
+
+
+def test_calibrate_cli_prints_curves(tiny_target: str, tmp_path: Path) -> None:
+    from test_cli import pyspec_cli
+
+    env_dir = os.environ.get(calibration.DIR_ENV)
+    assert env_dir  # conftest keeps test curves out of the user's cache
+    p = pyspec_cli("calibrate", "--target", tiny_target, "--draft", "", "--repeats", "1", "--json")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert set(out) == {"target"} and out["target"]["n_tokens"][0] == 1
+    table = pyspec_cli("calibrate", "--target", tiny_target, "--draft", "")
+    assert table.returncode == 0 and "relative to k=1" in table.stdout
+
+
+def test_swap_keeps_the_curve_of_a_same_size_draft(engine: pyspec.Engine, tiny_drafts: dict[str, str]) -> None:
+    install(engine, flat(10.0), flat(0.5))
+    engine.reload_draft(tiny_drafts["perturbed"])  # same architecture and size
+    assert list(engine._core.cost(True, "").ms) == [0.5, 0.5]
+
+
+def test_planner_is_exposed_for_inspection() -> None:
+    stats = _core.AcceptanceStats()
+    plan = _core.plan_draft([-1, 0, 1], [], stats, _core.CostCurve([1, 2, 3, 4], [100.0, 120.0, 140.0, 160.0]), 0.0)
+    assert list(plan.keep) == [0] and plan.expected_tokens == pytest.approx(1.5)
