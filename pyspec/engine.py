@@ -12,6 +12,7 @@ from typing import Any, Union
 import numpy as np
 
 from . import _core
+from . import calibration
 from .calibration import CostCurve
 from .config import DEFAULT_N_DRAFT, METHODS, GenerationConfig
 from .errors import EngineClosedError
@@ -262,8 +263,6 @@ class Engine:
         method="auto": cached ones (per model file, threads, offload, backend) unless force,
         else measured now (a few seconds per model; progress bar on a terminal) and cached.
         Returns {"target": curve, "draft" or "draft:<name>": curve, ...}."""
-        from . import calibration
-
         with self._lock:
             curves = {"target": calibration.ensure(self, None, force=force, repeats=repeats, progress=progress)}
             for name in self._core.draft_names():
@@ -273,8 +272,6 @@ class Engine:
 
     def _ensure_costs(self, config: GenerationConfig) -> None:
         """Installs the curves method auto needs (cache or measurement); engine lock held."""
-        from . import calibration
-
         calibration.ensure(self, None)
         if config.auto_draft_model and self._core.has_draft_named(config.draft):
             calibration.ensure(self, config.draft)
