@@ -27,10 +27,8 @@ CostCurve measure_cost_curve(Model& model, const std::vector<int32_t>& sizes, in
     // Ordinary token ids (any valid ids will do: the cost does not depend on which).
     std::vector<int32_t> tokens(size_t(n_context + k_max));
     for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((1000 + 37 * i) % size_t(model.n_vocab()));
-    model.kv_clear();
-    for (int32_t i = 0; i < n_context; i += model.params().n_batch) {
-        model.decode_seq(tokens.data() + i, std::min(model.params().n_batch, n_context - i), i, false);
-    }
+    // The context: tokens[0, n_context) in the cache (prefill_prompt leaves out its last token).
+    model.prefill_prompt(std::vector<int32_t>(tokens.begin(), tokens.begin() + n_context + 1));
     auto time_decode = [&](int32_t k) {
         const auto t0 = std::chrono::steady_clock::now();
         model.decode_seq(tokens.data() + n_context, k, n_context, all_rows);

@@ -364,8 +364,6 @@ CostCurve Engine::draft_cost(const std::string& name) const {
     return it == drafts_.end() ? CostCurve{} : it->second.cost;
 }
 
-AcceptanceStats& Engine::acceptance_stats(const std::string& name) { return acceptance_[name]; }
-
 void Engine::close() {
     pool_.reset();
     {

@@ -24,7 +24,7 @@ public:
     AutoDrafter(Model* model, const CostCurve* draft_cost, const CostCurve& target_cost, AcceptanceStats& stats,
                 PhrasePool* pool, const LookupParams& lookup, const PoolParams& pool_params, const AutoParams& params)
         : lookup_(make_pool_lookup_drafter(lookup, pool, pool_params)),
-          model_(model && draft_cost && params.use_draft_model ? model : nullptr),
+          model_(model && draft_cost ? model : nullptr),
           draft_cost_(draft_cost),
           target_cost_(target_cost),
           acceptance_(stats),
@@ -48,13 +48,14 @@ public:
         free_request.n_draft_max = std::min(request.n_draft_max, params_.max_depth);
         free_request.n_nodes_max = std::min(request.n_nodes_max, params_.max_nodes);
         lookup_->draft(free_request, free_);
+        const std::vector<int32_t> free_parents = parents_of(free_);
         if (!free_.tokens.empty()) {
             // The whole free proposal is scored against what gets committed, verified or not.
-            const std::vector<int32_t> depths = tree_depths(parents_of(free_));
+            const std::vector<int32_t> depths = tree_depths(free_parents);
             shadows_.push_back({int32_t(request.tokens->size()), *std::max_element(depths.begin(), depths.end()) + 1,
                                 free_.tokens, free_.parents, free_.kinds});
         }
-        const DraftPlan free_plan = plan_draft(parents_of(free_), free_.kinds, acceptance_, target_cost_, 0.0);
+        const DraftPlan free_plan = plan_draft(free_parents, free_.kinds, acceptance_, target_cost_, 0.0);
 
         if (model_) {
             const int32_t gamma_max = std::min(params_.max_gamma, request.n_draft_max);

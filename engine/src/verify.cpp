@@ -39,28 +39,16 @@ void check_tree_args(const std::vector<int32_t>& tokens, const std::vector<int32
     for (size_t i = 0; i < tokens.size(); ++i) check_token(tokens[i], n_vocab, i);
 }
 
-ChainVerdict to_chain(const TreeVerdict& verdict) {
-    return {int32_t(verdict.path.size()), verdict.next_token, verdict.is_bonus};
-}
-
-}  // namespace
-
-TreeVerdict verify_tree_greedy(const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents,
-                               const std::vector<int32_t>& target_argmax) {
-    if (target_argmax.size() != tokens.size() + 1) {
-        throw InvalidArgumentError("verify_tree_greedy: need n + 1 = " + std::to_string(tokens.size() + 1) +
-                                   " target tokens, got " + std::to_string(target_argmax.size()));
-    }
-    if (tokens.size() != parents.size()) {
-        throw InvalidArgumentError("verify_tree_greedy: " + std::to_string(tokens.size()) + " tokens but " +
-                                   std::to_string(parents.size()) + " parents");
-    }
-    validate_tree(parents);
-    const auto children = children_by_row(parents);
+// From the root, descends into the child whose token is token_at(row) (the first match), until
+// none matches; next_token is that row's token. Greedy verification (token_at: the argmax) and
+// verification of deterministic candidates (token_at: one draw from the row) are both this walk.
+template <typename TokenAt>
+TreeVerdict walk_matching(const std::vector<int32_t>& tokens, const std::vector<std::vector<int32_t>>& children,
+                          TokenAt token_at) {
     TreeVerdict verdict;
     size_t row = 0;
     for (;;) {
-        const int32_t want = target_argmax[row];
+        const int32_t want = token_at(row);
         int32_t next = -1;
         for (int32_t c : children[row]) {
             if (tokens[size_t(c)] == want) {
@@ -78,34 +66,39 @@ TreeVerdict verify_tree_greedy(const std::vector<int32_t>& tokens, const std::ve
     }
 }
 
+ChainVerdict to_chain(const TreeVerdict& verdict) {
+    return {int32_t(verdict.path.size()), verdict.next_token, verdict.is_bonus};
+}
+
+}  // namespace
+
+TreeVerdict verify_tree_greedy(const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents,
+                               const std::vector<int32_t>& target_argmax) {
+    if (target_argmax.size() != tokens.size() + 1) {
+        throw InvalidArgumentError("verify_tree_greedy: need n + 1 = " + std::to_string(tokens.size() + 1) +
+                                   " target tokens, got " + std::to_string(target_argmax.size()));
+    }
+    if (tokens.size() != parents.size()) {
+        throw InvalidArgumentError("verify_tree_greedy: " + std::to_string(tokens.size()) + " tokens but " +
+                                   std::to_string(parents.size()) + " parents");
+    }
+    validate_tree(parents);
+    return walk_matching(tokens, children_by_row(parents), [&](size_t row) { return target_argmax[row]; });
+}
+
 TreeVerdict verify_tree_rejection(const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents,
                                   const float* target_probs, const float* draft_probs, int32_t n_vocab,
                                   Rng& rng, std::vector<float>& residual) {
     check_tree_args(tokens, parents, n_vocab, "verify_tree_rejection");
     const auto children = children_by_row(parents);
     const size_t row_size = size_t(n_vocab);
-    TreeVerdict verdict;
-    size_t row = 0;
     if (!draft_probs) {
         // Deterministic candidates: one draw per row, matched against the children (see header).
-        for (;;) {
-            const int32_t t = sample_from(target_probs + row * row_size, n_vocab, rng);
-            int32_t next = -1;
-            for (int32_t c : children[row]) {
-                if (tokens[size_t(c)] == t) {
-                    next = c;
-                    break;
-                }
-            }
-            if (next < 0) {
-                verdict.is_bonus = children[row].empty();
-                verdict.next_token = t;
-                return verdict;
-            }
-            verdict.path.push_back(next);
-            row = size_t(next) + 1;
-        }
+        return walk_matching(tokens, children,
+                             [&](size_t row) { return sample_from(target_probs + row * row_size, n_vocab, rng); });
     }
+    TreeVerdict verdict;
+    size_t row = 0;
     for (;;) {
         const float* p = target_probs + row * row_size;  // the current target: row, then residuals
         bool residual_in_use = false;

@@ -179,9 +179,6 @@ public:
     void set_draft_cost(const CostCurve& curve, const std::string& name = "");
     CostCurve target_cost() const;                            // empty when not measured
     CostCurve draft_cost(const std::string& name = "") const;  // empty when not measured
-    // The auto scheduler's running acceptance statistics for requests drafting with slot `name`
-    // (they persist across requests).
-    AcceptanceStats& acceptance_stats(const std::string& name = "");
 
     // Frees the models; any later call throws ClosedError.
     void close();
@@ -208,6 +205,7 @@ private:
     std::map<std::string, DraftSlot> drafts_;
     std::unique_ptr<PhrasePool> pool_;
     CostCurve target_cost_;
+    // The auto scheduler's running acceptance statistics per draft slot, across requests.
     std::map<std::string, AcceptanceStats> acceptance_;
     Rng rng_;
 };

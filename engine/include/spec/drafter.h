@@ -197,7 +197,9 @@ void validate(const AutoParams& params);
 // draft's own per-token confidence (sampled chains are not: their length must not depend on the
 // tokens drawn, or verification would stop being exact). The model's KV cache is filled lazily,
 // the first time it drafts. stats is updated after every step and outlives the request.
-// draft_model / draft_cost may be null (no model); target_cost must not be empty.
+// draft_model / draft_cost may be null: no model (the engine passes null when
+// params.use_draft_model is off or the request is seeded and sampled); target_cost must not be
+// empty.
 std::unique_ptr<Drafter> make_auto_drafter(Model* draft_model, const CostCurve* draft_cost, const CostCurve& target_cost,
                                            AcceptanceStats& stats, PhrasePool* pool, const LookupParams& lookup,
                                            const PoolParams& pool_params, const AutoParams& params);
