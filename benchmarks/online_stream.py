@@ -3,9 +3,13 @@ a static draft, with online distillation of one draft, and with one distilled dr
 
     # a cheap draft with room to learn: the first 6 blocks of the target family's small model
     pyspec models derive-draft --from qwen2.5-coder-0.5b-instruct --layers 6 --out qwen6.gguf
-    python benchmarks/online_stream.py --target qwen2.5-coder-1.5b-instruct --draft qwen6.gguf \\
-        --stream humaneval:200,gsm8k:200,mtbench:80 --max-tokens 64 \\
-        --modes static,online,routed --json stream.json --plot stream.png
+    # the run in the README (~90 min on 2 cores): 150 requests x 3 modes, then method auto with
+    # each mode's final draft on the next 8 prompts of each suite
+    python benchmarks/online_stream.py --draft qwen6.gguf \
+        --stream humaneval:50,gsm8k:50,mtbench:50 --max-tokens 32 --n-draft 2 \
+        --modes static,online,routed --threads 2 --train-threads 2 --wait-updates --window 25 \
+        --lr 5e-4 --epochs 2 --batch-size 4 --auto-eval 8 --keep-drafts final \
+        --json stream.json --plot stream.png
 
     # smoke run on tiny random models (seconds; numbers mean little)
     python benchmarks/online_stream.py --tiny --stream humaneval:16,gsm8k:16,mtbench:16 --max-tokens 24 \
@@ -16,8 +20,11 @@ greedy, through the chat template (--raw: plain text), method chain. Reported pe
 suite, draft version, drafted / accepted tokens, tokens/s; per mode: acceptance pooled over the
 last --window requests (OSD: 50) along the stream, per suite, and the final gain over static.
 Greedy outputs should be identical across modes (the draft never changes the output): the
-script counts the requests that differ. The engine and torch share the cores: --threads and
---train-threads split them.
+script counts the requests that differ. Without --wait-updates training runs beside generation
+(as a server would) and --threads + --train-threads should split the cores; with it they take
+turns and may each use all of them. --auto-eval N then serves the next N prompts of each suite
+with plain decoding and with method auto and each mode's final draft (interleaved per prompt):
+does the distilled draft make the scheduler faster?
 """
 
 from __future__ import annotations
@@ -34,26 +41,31 @@ from typing import Any
 MODES = ("static", "online", "routed")
 
 
-def load_stream(spec: str, raw: bool) -> list[tuple[str, Any]]:
-    """[(suite, prompt)] in stream order from "suite:n,suite:n,..."."""
+def load_stream(spec: str, raw: bool, held_out: int = 0) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
+    """[(suite, prompt)] in stream order from "suite:n,suite:n,...", and the `held_out` prompts
+    of each suite that follow its stream prompts."""
     from pyspec.data import load_suite
 
-    stream = []
+    stream, rest = [], []
     for part in spec.split(","):
         name, _, n = part.partition(":")
-        for prompt in load_suite(name, int(n) if n else None):
-            stream.append((name, prompt.render(chat=not raw)))
-    return stream
+        prompts = [p.render(chat=not raw) for p in load_suite(name, int(n) + held_out if n else None)]
+        cut = int(n) if n else len(prompts)
+        stream += [(name, p) for p in prompts[:cut]]
+        rest += [(name, p) for p in prompts[cut:]]
+    return stream, rest
 
 
 def run_mode(mode: str, args: argparse.Namespace, stream: list[tuple[str, Any]], work_dir: Path) -> dict[str, Any]:
     import pyspec
     from pyspec.online import DistillConfig, DomainRouter, OnlineDistiller
 
-    config = DistillConfig(loss=args.loss, lr=args.lr, epochs=args.epochs, train_threads=args.train_threads,
-                           export_dtype=args.export_dtype)
+    config = DistillConfig(loss=args.loss, lr=args.lr, epochs=args.epochs, batch_size=args.batch_size,
+                           train_threads=args.train_threads, export_dtype=args.export_dtype)
     options = dict(max_tokens=args.max_tokens, method="chain", n_draft=args.n_draft)
-    records = []
+    records: list[dict[str, Any]] = []
+    update_log: list[dict[str, Any]] = []  # each update's training numbers, as seen after a request
+    seen_updates: dict[str, int] = {}
     t0 = time.perf_counter()
     with pyspec.Engine(args.target, draft=args.draft, n_ctx=args.n_ctx, n_threads=args.threads) as engine:
         distiller = router = None
@@ -75,6 +87,14 @@ def run_mode(mode: str, args: argparse.Namespace, stream: list[tuple[str, Any]],
                     router.wait()
             else:
                 result = engine.generate(prompt, **options)
+            for name, d in ([("", distiller)] if distiller else []) + (list(router.distillers.items()) if router else []):
+                st = d.stats()
+                if st.n_updates > seen_updates.get(name, 0) and st.last_report is not None:
+                    seen_updates[name] = st.n_updates
+                    rep = st.last_report
+                    update_log.append({"after_request": i, "domain": name, "draft_version": st.draft_version,
+                                       "loss_before": rep.loss_before, "loss_after": rep.loss_after,
+                                       "n_positions": rep.n_positions, "seconds": rep.seconds})
             s = result.stats
             records.append({"index": i, "suite": suite, "draft": result.draft, "draft_version": result.draft_version,
                             "n_drafted": s.n_drafted, "n_accepted": s.n_accepted, "n_generated": s.n_generated,
@@ -84,12 +104,72 @@ def run_mode(mode: str, args: argparse.Namespace, stream: list[tuple[str, Any]],
         if args.progress:
             print(file=sys.stderr)
         updates: dict[str, Any] = {}
+        finals: dict[str, str] = {}  # domain ("" = every domain) -> the draft file serving at the end
         for name, d in ([("", distiller)] if distiller else []) + (list(router.distillers.items()) if router else []):
             d.close()
             st = d.stats()
             updates[name] = {"n_updates": st.n_updates, "n_failed_updates": st.n_failed_updates,
                              "draft_version": st.draft_version, "last_error": st.last_error}
-    return {"mode": mode, "records": records, "updates": updates, "seconds": time.perf_counter() - t0}
+            finals[name] = keep_draft(engine.draft_paths[d.draft], args.keep_drafts, f"{mode}{'-' if name else ''}{name}")
+        if not finals:
+            finals[""] = str(Path(args.draft).resolve()) if Path(args.draft).exists() else args.draft
+    return {"mode": mode, "records": records, "updates": updates, "update_log": update_log, "final_drafts": finals,
+            "seconds": time.perf_counter() - t0}
+
+
+def keep_draft(path: str, folder: str | None, name: str) -> str:
+    """Copies a trained draft out of the temporary work directory (when --keep-drafts is set)."""
+    import shutil
+
+    if folder is None:
+        return path
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    return str(shutil.copyfile(path, Path(folder) / f"{name}.gguf"))
+
+
+def auto_eval(args: argparse.Namespace, runs: list[dict[str, Any]], held_out: list[tuple[str, Any]]) -> dict[str, Any]:
+    """Method auto with each mode's final draft(s), on prompts the stream did not contain.
+
+    One engine holds the target and every final draft as a named slot; each prompt is served by
+    plain decoding and by auto with each mode's draft in turn (interleaved, so machine noise hits
+    all alike). Reports tokens/s (engine decode figure) and the share of steps auto spent on the
+    draft model, per mode and suite, with the speed-up over plain decoding.
+    """
+    import pyspec
+
+    slots = {f"{run['mode']}:{dom}": path for run in runs for dom, path in run["final_drafts"].items()}
+    rows = []
+    with pyspec.Engine(args.target, n_ctx=args.n_ctx, n_threads=args.auto_threads, drafts=slots) as engine:
+        engine.calibrate()
+        for i, (suite, prompt) in enumerate(held_out):
+            plain = engine.generate(prompt, max_tokens=args.max_tokens, method="none")
+            row = {"suite": suite, "none": plain.stats.tokens_per_second}
+            for run in runs:
+                mode = run["mode"]
+                slot = f"{mode}:{suite}" if f"{mode}:{suite}" in slots else f"{mode}:"
+                r = engine.generate(prompt, max_tokens=args.max_tokens, method="auto", draft=slot)
+                s = r.stats
+                row[mode] = {"tokens_per_second": s.tokens_per_second, "draft_decodes": s.n_draft_decodes,
+                             "target_calls": s.n_target_calls, "identical": r.tokens == plain.tokens}
+            rows.append(row)
+            if args.progress:
+                print(f"\rauto eval: {i + 1}/{len(held_out)}", end="", file=sys.stderr, flush=True)
+        if args.progress:
+            print(file=sys.stderr)
+    summary: dict[str, Any] = {}
+    for suite in [*dict.fromkeys(r["suite"] for r in rows), "all"]:
+        rs = [r for r in rows if suite in ("all", r["suite"])]
+        none = sum(r["none"] for r in rs) / len(rs)
+        entry: dict[str, Any] = {"none_tokens_per_second": none}
+        for run in runs:
+            m = run["mode"]
+            tps = sum(r[m]["tokens_per_second"] for r in rs) / len(rs)
+            entry[m] = {"tokens_per_second": tps, "speedup_over_none": tps / none,
+                        "draft_decodes": sum(r[m]["draft_decodes"] for r in rs),
+                        "target_calls": sum(r[m]["target_calls"] for r in rs),
+                        "identical_to_none": sum(r[m]["identical"] for r in rs)}
+        summary[suite] = entry
+    return {"rows": rows, "summary": summary}
 
 
 def windowed_acceptance(records: list[dict[str, Any]], window: int) -> list[float | None]:
@@ -173,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--loss", choices=["fkl", "rkl", "jsd", "ce"], default="fkl")
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=8, help="sequences per optimizer step")
     p.add_argument("--export-dtype", default="f16")
     p.add_argument("--update-interval", type=int, default=8)
     p.add_argument("--buffer-limit", type=int, default=4096)
@@ -183,6 +264,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="engine threads (default 1)")
     p.add_argument("--train-threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--n-ctx", type=int, default=2048)
+    p.add_argument("--auto-eval", type=int, default=0, metavar="N",
+                   help="afterwards, serve the next N prompts of each suite with method auto and each mode's "
+                        "final draft(s), against plain decoding (tokens/s, draft-model use)")
+    p.add_argument("--auto-threads", type=int, default=2, help="engine threads in the auto evaluation")
+    p.add_argument("--keep-drafts", default=None, metavar="DIR", help="copy each mode's final draft(s) here")
     p.add_argument("--json", default=None, metavar="PATH")
     p.add_argument("--plot", default=None, metavar="PATH", help="PNG of acceptance over the stream")
     p.add_argument("--no-progress", dest="progress", action="store_false")
@@ -202,13 +288,16 @@ def main(argv: list[str] | None = None) -> int:
             args.raw = True
         if args.draft is None:
             p.error("--draft is required (see the docstring for deriving a cheap one)")
-        stream = load_stream(args.stream, args.raw)
+        stream, held_out = load_stream(args.stream, args.raw, args.auto_eval)
         runs = [run_mode(mode, args, stream, work_dir) for mode in modes]
+        evaluation = auto_eval(args, runs, held_out) if args.auto_eval else None
     summary = summarize(runs, args.window)
+    if evaluation is not None:
+        summary["auto_eval"] = evaluation["summary"]
     print(json.dumps(summary, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps({"args": {k: v for k, v in vars(args).items()}, "summary": summary,
-                                               "runs": runs}, indent=1) + "\n", encoding="utf-8")
+                                               "runs": runs, "auto_eval": evaluation}, indent=1) + "\n", encoding="utf-8")
     if args.plot:
         plot(runs, args.window, args.plot)
     return 0
