@@ -127,7 +127,8 @@ def keep_draft(path: str, folder: str | None, name: str) -> str:
     return str(shutil.copyfile(path, Path(folder) / f"{name}.gguf"))
 
 
-def auto_eval(args: argparse.Namespace, runs: list[dict[str, Any]], held_out: list[tuple[str, Any]]) -> dict[str, Any]:
+def auto_eval(args: argparse.Namespace, runs: list[dict[str, Any]], held_out: list[tuple[str, Any]],
+              work_dir: Path) -> dict[str, Any]:
     """Method auto with each mode's final draft(s), on prompts the stream did not contain.
 
     One engine holds the target and every final draft as a named slot; each prompt is served by
@@ -138,6 +139,8 @@ def auto_eval(args: argparse.Namespace, runs: list[dict[str, Any]], held_out: li
     import pyspec
 
     slots = {f"{run['mode']}:{dom}": path for run in runs for dom, path in run["final_drafts"].items()}
+    pool_dir = work_dir / "pools"
+    pool_dir.mkdir()
     rows = []
     with pyspec.Engine(args.target, n_ctx=args.n_ctx, n_threads=args.auto_threads, drafts=slots) as engine:
         engine.calibrate()
@@ -147,7 +150,15 @@ def auto_eval(args: argparse.Namespace, runs: list[dict[str, Any]], held_out: li
             for run in runs:
                 mode = run["mode"]
                 slot = f"{mode}:{suite}" if f"{mode}:{suite}" in slots else f"{mode}:"
+                # auto's phrase pool learns from every request: each mode keeps its own, so no mode
+                # finds another mode's answer to this prompt in it
+                pool_file = pool_dir / f"{mode}.pool"
+                if pool_file.exists():
+                    engine.load_pool(str(pool_file))
+                else:
+                    engine.clear_pool()
                 r = engine.generate(prompt, max_tokens=args.max_tokens, method="auto", draft=slot)
+                engine.save_pool(str(pool_file))
                 s = r.stats
                 row[mode] = {"tokens_per_second": s.tokens_per_second, "draft_decodes": s.n_draft_decodes,
                              "target_calls": s.n_target_calls, "identical": r.tokens == plain.tokens}
@@ -290,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error("--draft is required (see the docstring for deriving a cheap one)")
         stream, held_out = load_stream(args.stream, args.raw, args.auto_eval)
         runs = [run_mode(mode, args, stream, work_dir) for mode in modes]
-        evaluation = auto_eval(args, runs, held_out) if args.auto_eval else None
+        evaluation = auto_eval(args, runs, held_out, work_dir) if args.auto_eval else None
     summary = summarize(runs, args.window)
     if evaluation is not None:
         summary["auto_eval"] = evaluation["summary"]
