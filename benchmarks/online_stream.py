@@ -76,6 +76,7 @@ def run_mode(mode: str, args: argparse.Namespace, stream: list[tuple[str, Any]],
             suites = list(dict.fromkeys(s for s, _ in stream))
             router = DomainRouter(engine, suites, config, update_interval=args.update_interval,
                                   buffer_limit=args.buffer_limit, window=args.window, work_dir=work_dir / mode)
+        distillers = [("", distiller)] if distiller else list(router.distillers.items()) if router else []
         for i, (suite, prompt) in enumerate(stream):
             if distiller is not None:
                 result = distiller.generate(prompt, domain=suite, **options)
@@ -87,7 +88,7 @@ def run_mode(mode: str, args: argparse.Namespace, stream: list[tuple[str, Any]],
                     router.wait()
             else:
                 result = engine.generate(prompt, **options)
-            for name, d in ([("", distiller)] if distiller else []) + (list(router.distillers.items()) if router else []):
+            for name, d in distillers:
                 st = d.stats()
                 if st.n_updates > seen_updates.get(name, 0) and st.last_report is not None:
                     seen_updates[name] = st.n_updates
@@ -105,7 +106,7 @@ def run_mode(mode: str, args: argparse.Namespace, stream: list[tuple[str, Any]],
             print(file=sys.stderr)
         updates: dict[str, Any] = {}
         finals: dict[str, str] = {}  # domain ("" = every domain) -> the draft file serving at the end
-        for name, d in ([("", distiller)] if distiller else []) + (list(router.distillers.items()) if router else []):
+        for name, d in distillers:
             d.close()
             st = d.stats()
             updates[name] = {"n_updates": st.n_updates, "n_failed_updates": st.n_failed_updates,
