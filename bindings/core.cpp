@@ -10,6 +10,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "spec/decoder.h"
+#include "spec/drafter_registry.h"
 #include "spec/error.h"
 #include "spec/log.h"
 #include "spec/rng.h"
@@ -142,6 +143,17 @@ NB_MODULE(_core, m) {
         .def_ro("node_of", &spec::BeamTree::node_of);
     m.def("beams_to_tree", &spec::beams_to_tree, "beams"_a, "n_beams"_a, "length"_a);
     m.attr("MAX_TREE_NODES") = spec::kMaxTreeNodes;
+
+    m.def("drafter_methods", [] {
+        std::vector<std::pair<std::string, std::string>> out;
+        for (const spec::DrafterMethod& method : spec::drafter_methods()) {
+            const char* use = method.draft_model == spec::DraftModelUse::required ? "required"
+                            : method.draft_model == spec::DraftModelUse::optional ? "optional" : "never";
+            out.emplace_back(method.name, use);
+        }
+        return out;
+    }, "The engine's drafting methods in display order, each with its draft-model use "
+       "('never', 'required', 'optional').");
 
     nb::class_<spec::TreeParams>(m, "TreeParams")
         .def(nb::init<>())

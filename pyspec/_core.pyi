@@ -123,6 +123,11 @@ def beams_to_tree(beams: Sequence[int], n_beams: int, length: int) -> BeamTree: 
 
 MAX_TREE_NODES: int = 63
 
+def drafter_methods() -> list[tuple[str, str]]:
+    """
+    The engine's drafting methods in display order, each with its draft-model use ('never', 'required', 'optional').
+    """
+
 class TreeParams:
     def __init__(self) -> None: ...
 

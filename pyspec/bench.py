@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-from .config import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: E402
+from .config import DEFAULT_DRAFT, DEFAULT_TARGET, METHODS_NEEDING_DRAFT  # noqa: E402
 
 PEER_METHODS = ("peer-llama-cpp", "peer-pld")
 PEER_PLD_N_DRAFT = 10  # LlamaPromptLookupDecoding's num_pred_tokens default
@@ -308,7 +308,7 @@ def run_bench(
         suite, prompt_list = "custom", list(prompts)
     if not prompt_list:
         raise ValueError("no prompts to run")
-    needs_draft = [m.label for m in specs if m.name in ("chain", "tree", "beam", "ouroboros")]
+    needs_draft = [m.label for m in specs if m.name in METHODS_NEEDING_DRAFT]
     if needs_draft and not draft:
         raise ValueError(f"method(s) {', '.join(needs_draft)} need a draft model (--draft)")
     uses_draft = bool(needs_draft) or (bool(draft) and any(m.name == "auto" for m in specs))

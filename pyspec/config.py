@@ -9,7 +9,10 @@ from typing import Any
 
 from . import _core
 
-METHODS = ("auto", "none", "chain", "tree", "beam", "lookup", "ouroboros")
+# The engine's drafting methods, from its registration table (engine/src/drafter_registry.cpp).
+METHODS = tuple(name for name, _ in _core.drafter_methods())
+# The methods that cannot run without a draft model.
+METHODS_NEEDING_DRAFT = tuple(name for name, use in _core.drafter_methods() if use == "required")
 
 # The real model pair the demo, the benchmark and `pyspec calibrate` use by default.
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "spec/drafter_registry.h"
 #include "spec/error.h"
 #include "spec/log.h"
 #include "spec/text_stream.h"
@@ -160,39 +161,6 @@ void record_trace(Request& req, const TreeVerdict& verdict, int32_t position) {
         top_k_entries(req.row.data(), req.target.n_vocab(), req.params.trace_top_k, step.top_ids, step.top_probs);
     }
     req.result.trace.push_back(std::move(step));
-}
-
-// Draft depth and node budget a method asks for (before the per-step limits).
-struct DraftShape {
-    int32_t depth = 0;
-    int32_t n_nodes = 0;
-};
-
-// Whether method "auto" may draft with the draft model. Not for a seeded sampled request: with
-// only deterministic proposals, verification draws one token per position from the target
-// (verify_tree_rejection), so the seed alone fixes the output, whatever the scheduler learned or
-// the phrase pool holds; a sampled draft-model chain would consume the random stream differently.
-bool auto_uses_draft_model(const GenerateParams& params) {
-    return params.scheduler.use_draft_model && !(params.seed && !params.sampling.greedy());
-}
-
-DraftShape draft_shape(const GenerateParams& params) {
-    if (params.method == "tree") return {params.tree.depth, params.tree.n_nodes};
-    if (params.method == "beam") return {params.beam.length, params.beam.n_beams * params.beam.length};
-    if (params.method == "none") return {0, 0};
-    if (params.method == "auto") {
-        const AutoParams& a = params.scheduler;
-        return {std::max(a.max_depth, a.max_gamma), std::max(a.max_nodes, a.max_gamma)};
-    }
-    const bool pool = params.pool.enabled && params.pool.n_branches > 0;
-    if (params.method == "lookup") return {params.n_draft, pool ? std::max(params.n_draft, params.pool.max_nodes) : params.n_draft};
-    if (params.method == "ouroboros") {
-        // gamma draft-model tokens, then up to K pool branches of up to phrase_len - 1 tokens.
-        const int32_t branch = pool ? params.pool.phrase_len - 1 : 0;
-        return {params.n_draft + branch,
-                std::min(kMaxTreeNodes, params.n_draft + (pool ? params.pool.n_branches * branch : 0))};
-    }
-    return {params.n_draft, params.n_draft};
 }
 
 }  // namespace
@@ -375,40 +343,31 @@ void Engine::close() {
 
 std::unique_ptr<Drafter> Engine::make_drafter(const GenerateParams& params) {
     // Drafters are cheap (the models and their caches belong to the engine): one per request.
-    const std::string& method = params.method;
-    if (method == "none") return nullptr;
-    if (method == "lookup") return make_pool_lookup_drafter(params.lookup, pool_.get(), params.pool);
-    if (method == "auto") {
-        if (target_cost_.empty()) {
-            measure_target_cost();
-        }
-        Model* draft = auto_uses_draft_model(params) ? find_draft(params.draft) : nullptr;
-        if (draft && draft_cost(params.draft).empty()) {
-            measure_draft_cost(params.draft);
-        }
-        // The slot's curve lives in drafts_, which only changes between generations.
-        const CostCurve* cost = nullptr;
-        if (draft) {
-            std::lock_guard<std::mutex> lock(drafts_mutex_);
-            cost = &drafts_.at(params.draft).cost;
-        }
-        return make_auto_drafter(draft, cost, target_cost_, acceptance_[params.draft], pool_.get(), params.lookup,
-                                 params.pool, params.scheduler);
-    }
-    if (method == "chain" || method == "tree" || method == "beam" || method == "ouroboros") {
-        Model* draft = find_draft(params.draft);
-        if (!draft) {
+    const DrafterMethod& method = find_drafter_method(params.method);
+    if (!method.make) return nullptr;
+    DrafterResources resources;
+    resources.target = target_.get();
+    resources.pool = pool_.get();
+    if (method_uses_draft_model(method, params, has_draft(params.draft))) {
+        resources.draft = find_draft(params.draft);
+        if (!resources.draft) {
             const std::string which = params.draft.empty() ? "a draft model" : "the draft model '" + params.draft + "'";
-            throw InvalidArgumentError("method '" + method + "' needs " + which +
+            throw InvalidArgumentError("method '" + params.method + "' needs " + which +
                                        "; load one or use method='none' or 'lookup'");
         }
-        if (method == "chain") return make_model_chain_drafter(*draft);
-        if (method == "tree") return make_model_tree_drafter(*draft, params.tree);
-        if (method == "ouroboros") return make_ouroboros_drafter(*draft, *pool_, params.pool, params.n_draft);
-        return make_model_beam_drafter(*draft, params.beam);
     }
-    throw InvalidArgumentError("unknown method '" + method +
-                               "' (available: auto, none, chain, tree, beam, lookup, ouroboros)");
+    if (method.needs_cost_curves) {
+        if (target_cost_.empty()) measure_target_cost();
+        if (resources.draft && draft_cost(params.draft).empty()) measure_draft_cost(params.draft);
+        resources.target_cost = &target_cost_;
+        if (resources.draft) {
+            // The slot's curve lives in drafts_, which only changes between generations.
+            std::lock_guard<std::mutex> lock(drafts_mutex_);
+            resources.draft_cost = &drafts_.at(params.draft).cost;
+        }
+        resources.acceptance = &acceptance_[params.draft];
+    }
+    return method.make(params, resources);
 }
 
 void Engine::validate(const std::vector<int32_t>& prompt, const GenerateParams& params) const {
@@ -428,27 +387,14 @@ void Engine::validate(const std::vector<int32_t>& prompt, const GenerateParams& 
     }
     if (params.max_tokens < 0) throw InvalidArgumentError("max_tokens must be >= 0, got " + std::to_string(params.max_tokens));
     if (params.trace_top_k < 0) throw InvalidArgumentError("trace_top_k must be >= 0");
-    const int32_t n_draft_limit = std::min({kMaxDraft, target_->params().n_batch - 1, n_ctx - 1});
-    if ((params.method == "chain" || params.method == "lookup" || params.method == "ouroboros") &&
-        (params.n_draft < 1 || params.n_draft > n_draft_limit)) {
-        throw InvalidArgumentError("n_draft must be in [1, " + std::to_string(n_draft_limit) + "] for this context (n_ctx=" +
-                                   std::to_string(n_ctx) + ", n_batch=" + std::to_string(target_->params().n_batch) +
-                                   "), got " + std::to_string(params.n_draft));
-    }
     for (const auto& s : params.stop) {
         if (s.empty()) throw InvalidArgumentError("stop strings must not be empty");
     }
-    const bool uses_lookup = params.method == "lookup" || params.method == "auto";
-    if (uses_lookup) spec::validate(params.lookup);
-    if (uses_lookup || params.method == "ouroboros") spec::validate(params.pool);
-    if (params.method == "auto") spec::validate(params.scheduler);
-    if (params.method == "tree") spec::validate(params.tree);
-    if (params.method == "beam") spec::validate(params.beam);
-    if ((params.method == "tree" || params.method == "beam") &&
-        draft_shape(params).n_nodes > target_->params().n_batch - 1) {
-        throw InvalidArgumentError("a draft tree of up to " + std::to_string(draft_shape(params).n_nodes) +
-                                   " nodes does not fit n_batch=" + std::to_string(target_->params().n_batch));
-    }
+    MethodLimits limits;
+    limits.n_ctx = n_ctx;
+    limits.n_batch = target_->params().n_batch;
+    limits.n_draft_max = std::min({kMaxDraft, limits.n_batch - 1, n_ctx - 1});
+    find_drafter_method(params.method).validate(params, limits);
     if (params.acceptance != "exact" && params.acceptance != "typical") {
         throw InvalidArgumentError("acceptance must be 'exact' or 'typical', got '" + params.acceptance + "'");
     }
@@ -467,12 +413,13 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
 
     const auto t_start = Clock::now();
     Request req(params, *target_, drafter, rng_);
-    const bool uses_draft_model = params.method != "none" && params.method != "lookup" &&
-                                  (params.method != "auto" || (auto_uses_draft_model(params) && has_draft(params.draft)));
-    if (uses_draft_model) req.result.draft_version = draft_version(params.draft);
+    const DrafterMethod& method = find_drafter_method(params.method);
+    if (method_uses_draft_model(method, params, has_draft(params.draft))) {
+        req.result.draft_version = draft_version(params.draft);
+    }
     Stats& stats = req.result.stats;
     stats.n_prompt_tokens = int32_t(prompt.size());
-    const DraftShape shape = draft_shape(params);
+    const DraftShape shape = method.shape(params);
     stats.accept_histogram.assign(size_t(shape.depth + 1), 0);
     req.result.prompt_tokens = prompt;
     prefill(req, prompt);

@@ -26,7 +26,8 @@ struct GenerateParams {
     int32_t max_tokens = 256;
     SamplingParams sampling;
     std::vector<std::string> stop;
-    // "auto" | "none" | "chain" | "tree" | "beam" | "lookup" | "ouroboros"
+    // a name from drafter_methods() (spec/drafter_registry.h): "auto" | "none" | "chain" |
+    // "tree" | "beam" | "lookup" | "ouroboros"
     std::string method = "chain";
     std::string draft;             // the draft slot that drafts ("": the constructor's draft)
     int32_t n_draft = 4;           // longest chain proposed per step (chain, lookup; ouroboros: gamma)
