@@ -332,6 +332,17 @@ NB_MODULE(_core, m) {
             const size_t n_rows = logits.size() / n_vocab;
             return to_numpy(std::move(logits), {n_rows, n_vocab});
         }, "tokens"_a, "use_draft"_a = false, "all_rows"_a = false, "draft_name"_a = "")
+        .def("evaluate_hidden", [](spec::Engine& engine, const std::vector<int32_t>& tokens) {
+            std::vector<float> logits, hidden;
+            {
+                nb::gil_scoped_release release;
+                logits = engine.evaluate_hidden(tokens, hidden);
+            }
+            const size_t n_rows = tokens.size();
+            const size_t n_vocab = logits.size() / n_rows, n_hidden = hidden.size() / n_rows;
+            return std::make_pair(to_numpy(std::move(logits), {n_rows, n_vocab}),
+                                  to_numpy(std::move(hidden), {n_rows, n_hidden}));
+        }, "tokens"_a, "Target logits [n, n_vocab] and hidden states [n, n_hidden] (final norm applied) of every row.")
         .def("tokenize", [](spec::Engine& e, const std::string& text, bool add_special, bool parse_special) {
             return e.target().tokenize(text, add_special, parse_special);
         }, "text"_a, "add_special"_a, "parse_special"_a)

@@ -553,6 +553,11 @@ class Engine:
 
     def evaluate(self, tokens: Sequence[int], use_draft: bool = False, all_rows: bool = False, draft_name: str = '') -> NDArray[numpy.float32]: ...
 
+    def evaluate_hidden(self, tokens: Sequence[int]) -> tuple[NDArray[numpy.float32], NDArray[numpy.float32]]:
+        """
+        Target logits [n, n_vocab] and hidden states [n, n_hidden] (final norm applied) of every row.
+        """
+
     def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]: ...
 
     def detokenize(self, tokens: Sequence[int], special: bool = False) -> bytes: ...

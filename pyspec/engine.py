@@ -235,6 +235,20 @@ class Engine:
         finally:
             _forward_llama_logs()
 
+    def evaluate_hidden(self, tokens: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The target's logits and last-layer hidden states for `tokens` evaluated from scratch.
+
+        Returns (logits [n_tokens, n_vocab], hidden [n_tokens, n_hidden]) float32. The hidden
+        state is taken after the final norm, so logits = hidden @ output_matrix.T (+ bias): what a
+        draft head (pyspec.head) reads.
+        """
+        try:
+            with self._lock:
+                logits, hidden = self._core.evaluate_hidden(list(tokens))
+                return np.asarray(logits), np.asarray(hidden)
+        finally:
+            _forward_llama_logs()
+
     # -- phrase pool ---------------------------------------------------------------------------
     # The pool is shared by every request of this engine and is safe to use from any thread, also
     # while a generation runs (it takes its own lock, not the engine's).

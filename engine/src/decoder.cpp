@@ -266,27 +266,47 @@ void Engine::remove_draft(const std::string& name) {
 
 std::vector<float> Engine::evaluate(const std::vector<int32_t>& tokens, bool use_draft, bool all_rows,
                                     const std::string& draft_name) {
-    Model& model = use_draft ? draft(draft_name) : target();
+    return evaluate_rows(use_draft ? draft(draft_name) : target(), tokens, all_rows, nullptr);
+}
+
+std::vector<float> Engine::evaluate_hidden(const std::vector<int32_t>& tokens, std::vector<float>& hidden) {
+    hidden.clear();
+    return evaluate_rows(target(), tokens, true, &hidden);
+}
+
+std::vector<float> Engine::evaluate_rows(Model& model, const std::vector<int32_t>& tokens, bool all_rows,
+                                         std::vector<float>* hidden) {
     if (tokens.empty()) throw InvalidArgumentError("evaluate needs at least one token");
     if (int32_t(tokens.size()) > model.n_ctx()) {
         throw ContextOverflowError(std::to_string(tokens.size()) + " tokens do not fit the context window of " +
                                    std::to_string(model.n_ctx()));
     }
     const int32_t n_vocab = model.n_vocab();
+    const int32_t n_hidden = model.n_hidden();
     const int32_t n_batch = model.params().n_batch;
     const int32_t n = int32_t(tokens.size());
     std::vector<float> out;
     out.reserve(size_t(all_rows ? n : 1) * size_t(n_vocab));
+    if (hidden) hidden->reserve(size_t(n) * size_t(n_hidden));
     model.kv_clear();
-    for (int32_t i = 0; i < n; i += n_batch) {
-        const int32_t n_chunk = std::min(n_batch, n - i);
-        model.decode_seq(tokens.data() + i, n_chunk, i, all_rows);
-        for (int32_t r = 0; r < model.n_outputs(); ++r) {
-            if (!all_rows && i + n_chunk < n) continue;
-            const float* row = model.logits(r);
-            out.insert(out.end(), row, row + n_vocab);
+    model.set_hidden_output(hidden != nullptr);
+    try {
+        for (int32_t i = 0; i < n; i += n_batch) {
+            const int32_t n_chunk = std::min(n_batch, n - i);
+            model.decode_seq(tokens.data() + i, n_chunk, i, all_rows);
+            for (int32_t r = 0; r < model.n_outputs(); ++r) {
+                if (!all_rows && i + n_chunk < n) continue;
+                const float* row = model.logits(r);
+                out.insert(out.end(), row, row + n_vocab);
+                if (hidden) hidden->insert(hidden->end(), model.hidden(r), model.hidden(r) + n_hidden);
+            }
         }
+    } catch (...) {
+        model.set_hidden_output(false);
+        model.kv_clear();
+        throw;
     }
+    model.set_hidden_output(false);
     model.kv_clear();
     return out;
 }

@@ -173,6 +173,7 @@ void Model::decode(const std::vector<BatchToken>& batch) {
     const int32_t rc = llama_decode(ctx_, b);
     llama_batch_free(b);
     n_outputs_ = int32_t(output_index_.size());
+    last_decode_hidden_ = hidden_output_ && rc == 0;
     if (rc == 1) {
         throw ContextOverflowError(with_reason("no room in the KV cache for " + std::to_string(n) +
                                                " tokens (n_ctx=" + std::to_string(n_ctx()) + ")"));
@@ -205,6 +206,27 @@ const float* Model::logits(int32_t i) const {
                                    std::to_string(n_outputs_) + ")");
     }
     return llama_get_logits_ith(ctx_, output_index_[size_t(i)]);
+}
+
+void Model::set_hidden_output(bool on) {
+    if (on == hidden_output_) return;
+    llama_set_embeddings(ctx_, on);
+    hidden_output_ = on;
+}
+
+int32_t Model::n_hidden() const { return llama_model_n_embd_out(model_); }
+
+const float* Model::hidden(int32_t i) const {
+    if (!last_decode_hidden_) {
+        throw InvalidArgumentError("no hidden states: the last decode ran with hidden output off");
+    }
+    if (i < 0 || i >= n_outputs_) {
+        throw InvalidArgumentError("hidden row " + std::to_string(i) + " out of range [0, " +
+                                   std::to_string(n_outputs_) + ")");
+    }
+    const float* row = llama_get_embeddings_ith(ctx_, output_index_[size_t(i)]);
+    if (!row) throw DecodeError(with_reason("llama.cpp returned no hidden state for row " + std::to_string(i)));
+    return row;
 }
 
 void Model::kv_remove(int32_t seq_id, int32_t p0, int32_t p1) {

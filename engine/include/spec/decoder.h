@@ -161,6 +161,9 @@ public:
     // by generate().
     std::vector<float> evaluate(const std::vector<int32_t>& tokens, bool use_draft, bool all_rows,
                                 const std::string& draft_name = "");
+    // evaluate() of the target with every row, also returning each row's hidden state in `hidden`
+    // ([n_tokens, n_hidden], see Model::hidden): the input of a draft head and its training data.
+    std::vector<float> evaluate_hidden(const std::vector<int32_t>& tokens, std::vector<float>& hidden);
 
     // The phrase pool shared by all requests (thread-safe; save / load / clear / stats).
     PhrasePool& pool();
@@ -196,6 +199,9 @@ private:
     void validate(const std::vector<int32_t>& prompt_tokens, const GenerateParams& params) const;
     std::unique_ptr<Drafter> make_drafter(const GenerateParams& params);
     Model* find_draft(const std::string& name) const;  // null when the slot is empty
+    // evaluate(); hidden non-null: every row, hidden states appended there ([n, n_hidden]).
+    std::vector<float> evaluate_rows(Model& model, const std::vector<int32_t>& tokens, bool all_rows,
+                                     std::vector<float>* hidden);
 
     EngineParams params_;
     ModelParams draft_params_;  // every draft's ModelParams (n_seq_max raised for trees)

@@ -88,6 +88,19 @@ public:
     const float* logits(int32_t i) const;
     int32_t n_outputs() const { return n_outputs_; }
 
+    // Hidden states. While on, every decode also keeps the last-layer hidden state of each output
+    // row: the final norm applied, so that logits(i) = output matrix x hidden(i) (+ the output
+    // bias, where the model has one). llama.cpp then makes every token of a batch an output row
+    // (prompt chunks too, which then pay for the vocabulary projection), so turn it on only
+    // around the decodes that need it.
+    void set_hidden_output(bool on);
+    bool hidden_output() const { return hidden_output_; }
+    int32_t n_hidden() const;  // the hidden state's width (llama_model_n_embd_out)
+    // Hidden state of the i-th output of the last decode (same rows as logits). Valid until the
+    // next decode. Throws InvalidArgumentError when hidden output was off for the last decode.
+    // returns: [n_hidden] float32
+    const float* hidden(int32_t i) const;
+
     // KV cache: drop positions [p0, p1) of a sequence (p1 < 0: to the end); copy; keep one.
     void kv_remove(int32_t seq_id, int32_t p0, int32_t p1 = -1);
     void kv_copy(int32_t seq_src, int32_t seq_dst, int32_t p0 = -1, int32_t p1 = -1);
@@ -107,6 +120,8 @@ private:
     int32_t n_vocab_ = 0;
     int32_t n_outputs_ = 0;
     std::vector<int32_t> output_index_;  // output row i -> batch index
+    bool hidden_output_ = false;         // llama_set_embeddings, as last set
+    bool last_decode_hidden_ = false;    // the last decode kept hidden states
 };
 
 // Throws VocabMismatchError naming the first difference (vocab type, size, a special token, or the
