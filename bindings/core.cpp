@@ -248,6 +248,7 @@ NB_MODULE(_core, m) {
 
     nb::class_<spec::Stats>(m, "Stats")
         .def_ro("n_prompt_tokens", &spec::Stats::n_prompt_tokens)
+        .def_ro("n_prompt_cached", &spec::Stats::n_prompt_cached)
         .def_ro("n_generated", &spec::Stats::n_generated)
         .def_ro("n_target_calls", &spec::Stats::n_target_calls)
         .def_ro("n_drafted", &spec::Stats::n_drafted)
@@ -296,7 +297,8 @@ NB_MODULE(_core, m) {
 
     nb::class_<spec::Engine>(m, "Engine")
         .def("__init__", [](spec::Engine* self, const std::string& target, const std::string& draft, int32_t n_ctx,
-                            int32_t n_batch, int32_t n_threads, int32_t n_gpu_layers, int32_t n_seq_max, bool use_extra_bufts, uint64_t seed) {
+                            int32_t n_batch, int32_t n_threads, int32_t n_gpu_layers, int32_t n_seq_max, bool use_extra_bufts, uint64_t seed,
+                            bool reuse_prefix) {
             spec::EngineParams params;
             params.model.n_ctx = n_ctx;
             params.model.n_batch = n_batch;
@@ -304,10 +306,11 @@ NB_MODULE(_core, m) {
             params.model.n_gpu_layers = n_gpu_layers;
             params.model.n_seq_max = n_seq_max;
             params.model.use_extra_bufts = use_extra_bufts;
+            params.model.reuse_prefix = reuse_prefix;
             params.seed = seed;
             new (self) spec::Engine(target, draft, params);
         }, "target"_a, "draft"_a, "n_ctx"_a, "n_batch"_a, "n_threads"_a, "n_gpu_layers"_a, "n_seq_max"_a, "use_extra_bufts"_a, "seed"_a,
-           nb::call_guard<nb::gil_scoped_release>())
+           "reuse_prefix"_a = true, nb::call_guard<nb::gil_scoped_release>())
         .def("generate", [](spec::Engine& engine, const std::vector<int32_t>& prompt, const spec::GenerateParams& params,
                             nb::object on_text) {
             spec::TextCallback callback;
@@ -430,6 +433,13 @@ NB_MODULE(_core, m) {
         .def("cost", [](spec::Engine& e, bool use_draft, const std::string& draft_name) {
             return use_draft ? e.draft_cost(draft_name) : e.target_cost();
         }, "use_draft"_a = false, "draft_name"_a = "")
+        .def("kv_state", [](spec::Engine& e, bool use_draft, const std::string& draft_name) {
+            spec::Model& model = use_draft ? e.draft(draft_name) : e.target();
+            std::vector<int32_t> pos_max;  // [n_seq_max] llama.cpp's highest position per sequence
+            for (int32_t s = 0; s < model.params().n_seq_max; ++s) pos_max.push_back(model.kv_pos_max(s));
+            return std::make_pair(model.cached_tokens(), pos_max);
+        }, "use_draft"_a = false, "draft_name"_a = "",
+           "(tokens the prefix cache holds in sequence 0, llama.cpp's highest position per sequence or -1)")
         .def("system_info", [](spec::Engine&) { return spec::backend_description(); })
         .def("close", &spec::Engine::close);
 }

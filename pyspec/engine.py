@@ -62,7 +62,10 @@ class Engine:
     generate(..., draft="code"); each is a draft slot like the default one (`draft`, slot "").
     n_threads: CPU threads for decoding (default: all cores). n_gpu_layers: layers offloaded when
     llama.cpp was built with a GPU backend. seed: seeds the engine's random stream; pass
-    seed=... to generate() to make one call reproducible on its own. repack: llama.cpp's weight
+    seed=... to generate() to make one call reproducible on its own. prefix_cache: keep each
+    model's KV cache between requests and evaluate only the part of a new prompt after the
+    longest token prefix it shares with what the cache holds (a chat resending its history pays
+    only for the new turn); False clears the cache at every request. repack: llama.cpp's weight
     repacking for the CPU (faster one-token decoding); None = on, except on CPUs with AMX, where
     ggml's AMX kernels (part of the same mechanism) crash with SIGILL on the machines we measured.
     """
@@ -79,6 +82,7 @@ class Engine:
         seed: int = 0,
         repack: bool | None = None,
         drafts: Mapping[str, str | os.PathLike[str]] | None = None,
+        prefix_cache: bool = True,
     ) -> None:
         self.target_path = _resolve(target)
         self.draft_path = _resolve(draft) if draft is not None else None
@@ -87,7 +91,7 @@ class Engine:
         try:
             self._core: Any = _core.Engine(
                 self.target_path, self.draft_path or "", n_ctx, n_batch, threads, n_gpu_layers, 1,
-                self.repack, seed,
+                self.repack, seed, reuse_prefix=bool(prefix_cache),
             )
         finally:
             _forward_llama_logs()
@@ -248,6 +252,16 @@ class Engine:
                 return np.asarray(logits), np.asarray(hidden)
         finally:
             _forward_llama_logs()
+
+    def kv_cache_state(self, *, draft: bool | str = False) -> tuple[list[int], list[int]]:
+        """What the target's (or a draft's) KV cache holds between requests: the tokens of
+        sequence 0 that the next prompt may reuse, and llama.cpp's highest position in each
+        sequence (-1: no cell). After a generation only sequence 0 holds cells."""
+        use_draft = draft is not False
+        name = draft if isinstance(draft, str) else ""
+        with self._lock:
+            tokens, pos_max = self._core.kv_state(use_draft, name)
+        return list(tokens), list(pos_max)
 
     # -- phrase pool ---------------------------------------------------------------------------
     # The pool is shared by every request of this engine and is safe to use from any thread, also

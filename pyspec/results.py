@@ -13,6 +13,7 @@ class GenerationStats:
     """Statistics of one generation. Names are stable: scripts may rely on them."""
 
     n_prompt_tokens: int
+    n_prompt_cached: int  # prompt tokens whose KV was kept from earlier requests (prefix cache)
     n_generated: int
     n_target_calls: int  # target decodes after prefill, one per speculative step
     n_drafted: int  # draft tokens proposed (tree nodes for tree and beam)
@@ -37,6 +38,7 @@ class GenerationStats:
     def _from_core(cls, s: Any) -> "GenerationStats":
         return cls(
             n_prompt_tokens=s.n_prompt_tokens,
+            n_prompt_cached=s.n_prompt_cached,
             n_generated=s.n_generated,
             n_target_calls=s.n_target_calls,
             n_drafted=s.n_drafted,

@@ -48,6 +48,7 @@ struct Request {
 
 void prefill(Request& req, const std::vector<int32_t>& prompt) {
     req.target.prefill_prompt(prompt);
+    req.result.stats.n_prompt_cached = req.target.prefill_reused();
     req.n_past = int32_t(prompt.size()) - 1;  // the last token starts step one
     req.committed = prompt;
     if (req.drafter) req.drafter->begin(prompt);
@@ -496,6 +497,12 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
     }
 
     if (drafter) drafter->end(req.committed);
+    // Only sequence 0 stays (the prefix cache of the next request): a generation that ended
+    // right after a draft leaves its tree branches behind.
+    target_->kv_drop_side_sequences();
+    if (uses_draft_model) {
+        if (Model* draft = find_draft(params.draft)) draft->kv_drop_side_sequences();
+    }
     const std::string tail = req.text.finish();
     if (!tail.empty() && on_text && req.result.finish_reason != "cancelled") on_text(tail);
     req.result.text = utf8_sanitize(req.text.text());

@@ -1,6 +1,7 @@
 #include "spec/model.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
 #include <fstream>
 #include <thread>
@@ -68,6 +69,7 @@ Model::Model(const std::string& path, const ModelParams& params) : path_(path), 
     }
     vocab_ = llama_model_get_vocab(model_);
     n_vocab_ = llama_vocab_n_tokens(vocab_);
+    kv_tokens_.assign(size_t(params.n_seq_max), {});
 }
 
 Model::~Model() {
@@ -174,6 +176,18 @@ void Model::decode(const std::vector<BatchToken>& batch) {
     llama_batch_free(b);
     n_outputs_ = int32_t(output_index_.size());
     last_decode_hidden_ = hidden_output_ && rc == 0;
+    if (rc == 0) {
+        for (const BatchToken& t : batch) {
+            for (size_t s = 0; s < std::max<size_t>(1, t.seq_ids.size()); ++s) {
+                const int32_t seq = t.seq_ids.empty() ? 0 : t.seq_ids[s];
+                std::vector<int32_t>& held = kv_tokens_.at(size_t(seq));
+                if (int32_t(held.size()) <= t.pos) held.resize(size_t(t.pos) + 1, -1);
+                held[size_t(t.pos)] = t.token;
+            }
+        }
+    } else {
+        kv_known_ = false;  // llama.cpp may have kept part of the batch
+    }
     if (rc == 1) {
         throw ContextOverflowError(with_reason("no room in the KV cache for " + std::to_string(n) +
                                                " tokens (n_ctx=" + std::to_string(n_ctx()) + ")"));
@@ -191,10 +205,25 @@ void Model::decode_seq(const int32_t* tokens, int32_t n_tokens, int32_t pos0, bo
 }
 
 int32_t Model::prefill_prompt(const std::vector<int32_t>& prompt) {
-    kv_clear();
     const int32_t n_prefill = int32_t(prompt.size()) - 1;
+    // Cached tokens that start the prompt stay; the last prompt token is always evaluated anew
+    // (its logits start step one).
+    int32_t n_keep = 0;
+    if (params_.reuse_prefix && kv_known_) {
+        const std::vector<int32_t>& held = kv_tokens_[0];
+        while (n_keep < n_prefill && n_keep < int32_t(held.size()) && held[size_t(n_keep)] == prompt[size_t(n_keep)]) {
+            ++n_keep;
+        }
+    }
+    if (n_keep == 0) {
+        kv_clear();
+    } else {
+        kv_drop_side_sequences();
+        kv_remove(0, n_keep, -1);
+    }
+    n_prefill_reused_ = n_keep;
     int32_t n_decodes = 0;
-    for (int32_t i = 0; i < n_prefill; i += params_.n_batch, ++n_decodes) {
+    for (int32_t i = n_keep; i < n_prefill; i += params_.n_batch, ++n_decodes) {
         decode_seq(prompt.data() + i, std::min(params_.n_batch, n_prefill - i), i, false);
     }
     return n_decodes;
@@ -231,18 +260,60 @@ const float* Model::hidden(int32_t i) const {
 
 void Model::kv_remove(int32_t seq_id, int32_t p0, int32_t p1) {
     llama_memory_seq_rm(llama_get_memory(ctx_), seq_id, p0, p1);
+    kv_record_remove(seq_id, p0, p1);
 }
 
 void Model::kv_copy(int32_t seq_src, int32_t seq_dst, int32_t p0, int32_t p1) {
     llama_memory_seq_cp(llama_get_memory(ctx_), seq_src, seq_dst, p0, p1);
+    const std::vector<int32_t>& src = kv_tokens_.at(size_t(seq_src));
+    std::vector<int32_t>& dst = kv_tokens_.at(size_t(seq_dst));
+    const int32_t end = std::min<int32_t>(int32_t(src.size()), p1 < 0 ? INT32_MAX : p1);
+    for (int32_t pos = std::max(p0, 0); pos < end; ++pos) {
+        if (src[size_t(pos)] < 0) continue;
+        if (int32_t(dst.size()) <= pos) dst.resize(size_t(pos) + 1, -1);
+        dst[size_t(pos)] = src[size_t(pos)];
+    }
 }
 
-void Model::kv_keep(int32_t seq_id) { llama_memory_seq_keep(llama_get_memory(ctx_), seq_id); }
+void Model::kv_keep(int32_t seq_id) {
+    llama_memory_seq_keep(llama_get_memory(ctx_), seq_id);
+    for (size_t s = 0; s < kv_tokens_.size(); ++s) {
+        if (int32_t(s) != seq_id) kv_tokens_[s].clear();
+    }
+}
 
-void Model::kv_clear() { llama_memory_clear(llama_get_memory(ctx_), true); }
+void Model::kv_clear() {
+    llama_memory_clear(llama_get_memory(ctx_), true);
+    for (auto& held : kv_tokens_) held.clear();
+    kv_known_ = true;
+}
 
 int32_t Model::kv_pos_max(int32_t seq_id) const {
     return llama_memory_seq_pos_max(llama_get_memory(ctx_), seq_id);
+}
+
+void Model::kv_drop_side_sequences() {
+    bool any = !kv_known_;
+    for (size_t s = 1; s < kv_tokens_.size() && !any; ++s) any = !kv_tokens_[s].empty();
+    if (any) kv_keep(0);
+}
+
+std::vector<int32_t> Model::cached_tokens() const {
+    if (!kv_known_) return {};
+    const std::vector<int32_t>& held = kv_tokens_[0];
+    const auto gap = std::find(held.begin(), held.end(), -1);
+    return std::vector<int32_t>(held.begin(), gap);
+}
+
+void Model::kv_record_remove(int32_t seq_id, int32_t p0, int32_t p1) {
+    for (size_t s = 0; s < kv_tokens_.size(); ++s) {
+        if (seq_id >= 0 && int32_t(s) != seq_id) continue;
+        std::vector<int32_t>& held = kv_tokens_[s];
+        const int32_t begin = std::max(p0, 0);
+        const int32_t end = std::min<int32_t>(int32_t(held.size()), p1 < 0 ? INT32_MAX : p1);
+        for (int32_t pos = begin; pos < end; ++pos) held[size_t(pos)] = -1;
+        while (!held.empty() && held.back() < 0) held.pop_back();
+    }
 }
 
 void check_vocab_compatible(const Model& target, const Model& draft) {

@@ -49,6 +49,9 @@ struct GenerateParams {
 
 struct Stats {
     int32_t n_prompt_tokens = 0;
+    // Prompt tokens whose KV the target kept from earlier requests (the prefix cache): prefill
+    // evaluated only the other n_prompt_tokens - n_prompt_cached.
+    int32_t n_prompt_cached = 0;
     int32_t n_generated = 0;       // tokens in the result
     int32_t n_target_calls = 0;    // target decodes after prefill (one per step)
     int32_t n_drafted = 0;         // draft tokens proposed (tree nodes for trees)

@@ -26,6 +26,9 @@ struct ModelParams {
     // Flash attention changes batched-vs-one-token logits by ~1e-2 on CPU (measured on the tiny
     // models: 6.5e-3 vs 9.4e-4 without), enough to flip near-ties; off unless asked for.
     bool flash_attn = false;
+    // Prefix cache: prefill_prompt keeps the cached tokens of sequence 0 that start the new
+    // prompt and evaluates only the rest (false: every prefill starts from an empty cache).
+    bool reuse_prefix = true;
 };
 
 // One entry of a batch: a token at a position, in one or more sequences, optionally producing a
@@ -78,10 +81,14 @@ public:
     // produces logits unless all_logits.
     void decode_seq(const int32_t* tokens, int32_t n_tokens, int32_t pos0, bool all_logits);
 
-    // Clears the KV cache and decodes all prompt tokens but the last into sequence 0 (chunks of
-    // n_batch, no logits): the last one starts the first step, with its logits. Returns the
-    // number of decode calls.
+    // Leaves exactly the prompt's tokens but the last in sequence 0 of the KV cache, and nothing
+    // in any other sequence: the last token starts the first step, with its logits. With
+    // params().reuse_prefix the longest common prefix of the prompt and the tokens sequence 0
+    // already holds (cached_tokens()) is kept and only the rest is decoded (chunks of n_batch,
+    // no logits); otherwise the cache is cleared first. Returns the number of decode calls;
+    // prefill_reused() tells how many tokens were kept.
     int32_t prefill_prompt(const std::vector<int32_t>& prompt);
+    int32_t prefill_reused() const { return n_prefill_reused_; }
 
     // Logits row of the i-th output of the last decode. Valid until the next decode.
     // returns: [n_vocab] float32
@@ -107,6 +114,13 @@ public:
     void kv_keep(int32_t seq_id);
     void kv_clear();
     int32_t kv_pos_max(int32_t seq_id) const;  // -1 when empty
+    // Drops every sequence but 0 (tree branches); a no-op when none holds cells.
+    void kv_drop_side_sequences();
+
+    // The tokens sequence 0 holds at positions 0, 1, ... up to its first gap: what the next
+    // prefill_prompt may reuse. Empty after a failed decode (the cache content is then unknown
+    // and the next prefill starts from an empty cache).
+    std::vector<int32_t> cached_tokens() const;
 
     llama_model* raw_model() const { return model_; }
     llama_context* raw_context() const { return ctx_; }
@@ -122,6 +136,14 @@ private:
     std::vector<int32_t> output_index_;  // output row i -> batch index
     bool hidden_output_ = false;         // llama_set_embeddings, as last set
     bool last_decode_hidden_ = false;    // the last decode kept hidden states
+
+    // What every KV sequence holds, by position (kv_tokens_[seq][pos], -1: no cell), updated by
+    // each cache operation above, so that the prefix cache knows sequence 0 exactly.
+    // [n_seq_max][up to the highest position]
+    std::vector<std::vector<int32_t>> kv_tokens_;
+    bool kv_known_ = true;  // false after a failed decode, until the cache is cleared
+    int32_t n_prefill_reused_ = 0;
+    void kv_record_remove(int32_t seq_id, int32_t p0, int32_t p1);
 };
 
 // Throws VocabMismatchError naming the first difference (vocab type, size, a special token, or the
