@@ -500,9 +500,7 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
     // Only sequence 0 stays (the prefix cache of the next request): a generation that ended
     // right after a draft leaves its tree branches behind.
     target_->kv_drop_side_sequences();
-    if (uses_draft_model) {
-        if (Model* draft = find_draft(params.draft)) draft->kv_drop_side_sequences();
-    }
+    if (Model* draft = find_draft(params.draft)) draft->kv_drop_side_sequences();
     const std::string tail = req.text.finish();
     if (!tail.empty() && on_text && req.result.finish_reason != "cancelled") on_text(tail);
     req.result.text = utf8_sanitize(req.text.text());
