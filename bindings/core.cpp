@@ -13,6 +13,7 @@
 #include "spec/drafter_registry.h"
 #include "spec/error.h"
 #include "spec/log.h"
+#include "spec/quantize.h"
 #include "spec/rng.h"
 #include "spec/sampling.h"
 #include "spec/tree.h"
@@ -62,6 +63,17 @@ NB_MODULE(_core, m) {
         .def_ro("level", &spec::LogLine::level)
         .def_ro("text", &spec::LogLine::text);
     m.def("drain_logs", &spec::log_drain, "Returns and clears llama.cpp's buffered log lines.");
+    m.def("quantize_model", [](const std::string& in, const std::string& out, int32_t file_type,
+                               const std::vector<std::pair<std::string, int32_t>>& tensor_types, int32_t n_threads) {
+        spec::QuantizeParams params;
+        params.file_type = file_type;
+        params.tensor_types = tensor_types;
+        params.n_threads = n_threads;
+        spec::quantize_model(in, out, params);
+    }, "in_path"_a, "out_path"_a, "file_type"_a, "tensor_types"_a, "n_threads"_a = 0,
+       nb::call_guard<nb::gil_scoped_release>(),
+       "Writes out_path = in_path quantized by llama.cpp (llama_model_quantize): file_type is a llama_ftype, "
+       "tensor_types (name, ggml_type) pairs override its mix per tensor.");
 
     nb::class_<spec::Rng>(m, "Rng")
         .def(nb::init<uint64_t>(), "seed"_a = 0)
@@ -276,7 +288,8 @@ NB_MODULE(_core, m) {
         .def_ro("target_token", &spec::StepTrace::target_token)
         .def_ro("rejected", &spec::StepTrace::rejected)
         .def_ro("top_ids", &spec::StepTrace::top_ids)
-        .def_ro("top_probs", &spec::StepTrace::top_probs);
+        .def_ro("top_probs", &spec::StepTrace::top_probs)
+        .def_ro("rejected_prob", &spec::StepTrace::rejected_prob);
 
     nb::class_<spec::GenerateResult>(m, "GenerateResult")
         .def_ro("text", &spec::GenerateResult::text)
@@ -324,17 +337,17 @@ NB_MODULE(_core, m) {
             return engine.generate(prompt, params, callback);
         }, "prompt_tokens"_a, "params"_a, "on_text"_a = nb::none())
         .def("evaluate", [](spec::Engine& engine, const std::vector<int32_t>& tokens, bool use_draft, bool all_rows,
-                            const std::string& draft_name) {
+                            const std::string& draft_name, int32_t first_row) {
             std::vector<float> logits;
             size_t n_vocab;
             {
                 nb::gil_scoped_release release;
-                logits = engine.evaluate(tokens, use_draft, all_rows, draft_name);
+                logits = engine.evaluate(tokens, use_draft, all_rows, draft_name, first_row);
                 n_vocab = size_t((use_draft ? engine.draft(draft_name) : engine.target()).n_vocab());
             }
             const size_t n_rows = logits.size() / n_vocab;
             return to_numpy(std::move(logits), {n_rows, n_vocab});
-        }, "tokens"_a, "use_draft"_a = false, "all_rows"_a = false, "draft_name"_a = "")
+        }, "tokens"_a, "use_draft"_a = false, "all_rows"_a = false, "draft_name"_a = "", "first_row"_a = 0)
         .def("evaluate_hidden", [](spec::Engine& engine, const std::vector<int32_t>& tokens) {
             std::vector<float> logits, hidden;
             {
@@ -346,6 +359,9 @@ NB_MODULE(_core, m) {
             return std::make_pair(to_numpy(std::move(logits), {n_rows, n_vocab}),
                                   to_numpy(std::move(hidden), {n_rows, n_hidden}));
         }, "tokens"_a, "Target logits [n, n_vocab] and hidden states [n, n_hidden] (final norm applied) of every row.")
+        .def("cost_signature", [](spec::Engine& engine, bool use_draft, const std::string& draft_name) {
+            return (use_draft ? engine.draft(draft_name) : engine.target()).cost_signature();
+        }, "use_draft"_a, "draft_name"_a = "")
         .def("tokenize", [](spec::Engine& e, const std::string& text, bool add_special, bool parse_special) {
             return e.target().tokenize(text, add_special, parse_special);
         }, "text"_a, "add_special"_a, "parse_special"_a)

@@ -19,6 +19,11 @@ class LogLine:
 def drain_logs() -> list[LogLine]:
     """Returns and clears llama.cpp's buffered log lines."""
 
+def quantize_model(in_path: str, out_path: str, file_type: int, tensor_types: Sequence[tuple[str, int]], n_threads: int = 0) -> None:
+    """
+    Writes out_path = in_path quantized by llama.cpp (llama_model_quantize): file_type is a llama_ftype, tensor_types (name, ggml_type) pairs override its mix per tensor.
+    """
+
 class Rng:
     def __init__(self, seed: int = 0) -> None: ...
 
@@ -515,6 +520,9 @@ class StepTrace:
     @property
     def top_probs(self) -> list[float]: ...
 
+    @property
+    def rejected_prob(self) -> float: ...
+
 class GenerateResult:
     @property
     def text(self) -> str: ...
@@ -554,7 +562,9 @@ class Engine:
 
     def generate(self, prompt_tokens: Sequence[int], params: GenerateParams, on_text: object | None = None) -> GenerateResult: ...
 
-    def evaluate(self, tokens: Sequence[int], use_draft: bool = False, all_rows: bool = False, draft_name: str = '') -> NDArray[numpy.float32]: ...
+    def evaluate(self, tokens: Sequence[int], use_draft: bool = False, all_rows: bool = False, draft_name: str = '', first_row: int = 0) -> NDArray[numpy.float32]: ...
+
+    def cost_signature(self, use_draft: bool, draft_name: str = '') -> str: ...
 
     def evaluate_hidden(self, tokens: Sequence[int]) -> tuple[NDArray[numpy.float32], NDArray[numpy.float32]]:
         """

@@ -1,5 +1,6 @@
-"""Cost curves for method="auto": measured once per model file, thread count, GPU offload and
-backend, cached as JSON under ``$PYSPEC_CACHE/calibration`` (default ``~/.cache/pyspec``).
+"""Cost curves for method="auto": measured once per kind of model file (its tensor types and
+shapes, see `cache_key`), thread count, GPU offload and backend, cached as JSON under
+``$PYSPEC_CACHE/calibration`` (default ``~/.cache/pyspec``).
 
 PYSPEC_CALIBRATION_DIR overrides the directory.
 
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pyspec")
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: keyed by the loaded model's cost signature instead of its path and mtime
 DIR_ENV = "PYSPEC_CALIBRATION_DIR"
 
 
@@ -56,14 +57,19 @@ class CostCurve:
         return [t / self.ms[0] for t in self.ms]
 
 
-def cache_key(engine: "Engine", model_path: str) -> dict[str, Any]:
-    """What a cost curve depends on: the model file, threads, offload, backend and repacking."""
-    st = os.stat(model_path)
+def cache_key(engine: "Engine", draft: str | None) -> dict[str, Any]:
+    """What the cost curve of the target (draft None) or draft slot `draft` depends on: the
+    loaded model's tensor types and shapes (Model::cost_signature: llama.cpp's description with
+    the file type, tensor bytes, parameters, layers, width, vocabulary), threads, offload,
+    backend and repacking. Not the file's path or time: a draft reloaded from a new file (an
+    online update) finds the curve of any earlier file of the same kind, e.g. its source when
+    written in the source's quantization, and is measured when it differs (an f16 export of a
+    Q5_0 draft), never inheriting the curve of the file it replaced."""
     return {
         "format": FORMAT_VERSION,
-        "model": os.path.realpath(model_path),
-        "size": st.st_size,
-        "mtime_ns": st.st_mtime_ns,
+        # a target curve times every row, a draft curve the last one: never the same curve
+        "role": "target" if draft is None else "draft",
+        "model": str(engine._core.cost_signature(draft is not None, draft or "")),
         "n_threads": engine.n_threads,
         "n_gpu_layers": engine.n_gpu_layers,
         "repack": engine.repack,
@@ -138,17 +144,17 @@ def measure(engine: "Engine", draft: str | None, repeats: int = 3, progress: boo
 def ensure(engine: "Engine", draft: str | None, *, force: bool = False, repeats: int = 3,
            progress: bool | None = None, cache: Cache | None = None) -> CostCurve:
     """The installed curve of the target (draft None) or draft slot `draft`: from the engine if
-    it has one, else from the cache, else measured now and cached. force: measure again."""
+    it has one (the engine drops a slot's curve when its draft is reloaded), else from the cache
+    (keyed by the loaded model, `cache_key`), else measured now and cached. force: measure again."""
     use_draft = draft is not None
     name = draft or ""
+    if use_draft and name not in engine.draft_paths:
+        raise ValueError(f"engine has no draft model named {name!r}")
     if not force:
         current = engine._core.cost(use_draft, name)
         if not current.empty:
             return CostCurve._from_core(current)
-    path = engine.draft_paths.get(name) if use_draft else engine.target_path
-    if path is None:
-        raise ValueError(f"engine has no draft model named {name!r}")
-    key = cache_key(engine, path)
+    key = cache_key(engine, draft)
     curve = None if force else load_cached(key, cache)
     if curve is None:
         curve = measure(engine, draft, repeats=repeats, progress=progress)

@@ -225,17 +225,19 @@ class Engine:
             return [int(t) for t in items]
         raise TypeError("prompt must be a string, a list of token ids, or a list of chat messages")
 
-    def evaluate(self, tokens: Sequence[int], *, draft: bool | str = False, all_rows: bool = False) -> np.ndarray:
+    def evaluate(self, tokens: Sequence[int], *, draft: bool | str = False, all_rows: bool = False,
+                 first_row: int = 0) -> np.ndarray:
         """Logits of the target (or a draft: True for the default one, or a slot name) for
         `tokens` evaluated from scratch.
 
-        Returns [n_tokens, n_vocab] float32 when all_rows, else [1, n_vocab] for the last token.
+        Returns [n_tokens - first_row, n_vocab] float32 when all_rows (row i is the logits after
+        tokens[first_row + i]; earlier rows are not computed), else [1, n_vocab] for the last token.
         """
         use_draft = draft is not False
         name = draft if isinstance(draft, str) else ""
         try:
             with self._lock:
-                return np.asarray(self._core.evaluate(list(tokens), use_draft, all_rows, name))
+                return np.asarray(self._core.evaluate(list(tokens), use_draft, all_rows, name, first_row))
         finally:
             _forward_llama_logs()
 

@@ -69,8 +69,9 @@ class Trace:
     """Per-step record of what was drafted and where the target disagreed.
 
     Steps are verification steps (one target call each). Rejections are the steps where a draft
-    token was rejected; for each, the target's top-k distribution (temperature 1, renormalised
-    over the whole vocabulary, so the k probabilities sum to <= 1) at the rejected position.
+    token was rejected; for each, the target's top-k distribution (temperature 1, normalised
+    over the whole vocabulary, so the k probabilities sum to <= 1) at the rejected position, and
+    the rejected token with the target's probability of it (inside the top-k or not).
     """
 
     positions: np.ndarray  # [n_steps] int32: index in the generated tokens of the step's first draft token
@@ -82,6 +83,8 @@ class Trace:
     reject_positions: np.ndarray  # [n_rejects] int32: index in the generated tokens of the rejected token
     top_ids: np.ndarray  # [n_rejects, k] int32
     top_probs: np.ndarray  # [n_rejects, k] float32
+    reject_tokens: np.ndarray  # [n_rejects] int32: the draft token rejected there
+    reject_probs: np.ndarray  # [n_rejects] float32: the target's probability of it (temperature 1)
 
     @property
     def n_steps(self) -> int:
@@ -114,6 +117,8 @@ class Trace:
             reject_positions=np.array([steps[i].position + steps[i].n_accepted for i in rejected], dtype=np.int32),
             top_ids=top_ids,
             top_probs=top_probs,
+            reject_tokens=np.array([steps[i].draft_tokens[steps[i].n_accepted] for i in rejected], dtype=np.int32),
+            reject_probs=np.array([steps[i].rejected_prob for i in rejected], dtype=np.float32),
         )
 
 

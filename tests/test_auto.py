@@ -153,7 +153,7 @@ def test_curves_are_cached_and_reloaded(tiny_target: str, tiny_drafts: dict[str,
     monkeypatch.setenv(calibration.DIR_ENV, str(tmp_path))
     with pyspec.Engine(tiny_target, draft=tiny_drafts["perturbed"], n_ctx=512, n_threads=2) as e:
         first = e.calibrate(repeats=1, progress=False)
-        key = calibration.cache_key(e, e.target_path)
+        key = calibration.cache_key(e, None)
     files = sorted(tmp_path.glob("*.json"))
     assert len(files) == 2
     stored = json.loads(calibration.cache_file(key).read_text())
@@ -180,7 +180,7 @@ def test_corrupt_cache_file_is_measured_again(tiny_target: str, tmp_path: Path, 
     monkeypatch.setenv(calibration.DIR_ENV, str(tmp_path))
     with pyspec.Engine(tiny_target, n_ctx=512, n_threads=2) as e:
         e.calibrate(repeats=1, progress=False)
-        path = calibration.cache_file(calibration.cache_key(e, e.target_path))
+        path = calibration.cache_file(calibration.cache_key(e, None))
     path.write_text("{not json", encoding="utf-8")
     with caplog.at_level(logging.WARNING, logger="pyspec"), pyspec.Engine(tiny_target, n_ctx=512, n_threads=2) as e:
         curve = e.calibrate(repeats=1, progress=False)["target"]
@@ -201,10 +201,35 @@ def test_calibrate_cli_prints_curves(tiny_target: str, tmp_path: Path) -> None:
     assert table.returncode == 0 and "relative to k=1" in table.stdout
 
 
-def test_swap_keeps_the_curve_of_a_same_size_draft(engine: pyspec.Engine, tiny_drafts: dict[str, str]) -> None:
+def test_a_reloaded_draft_gets_the_cost_of_its_own_file(engine: pyspec.Engine, tiny_drafts: dict[str, str],
+                                                        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reload drops the slot's curve: the new file's cost is looked up in the cache by what it
+    is (tensor types and shapes), or measured; it is never the replaced file's curve."""
+    monkeypatch.setenv(calibration.DIR_ENV, str(tmp_path))
     install(engine, flat(10.0), flat(0.5))
-    engine.reload_draft(tiny_drafts["perturbed"])  # same architecture and size
-    assert list(engine._core.cost(True, "").ms) == [0.5, 0.5]
+    engine.reload_draft(tiny_drafts["perturbed"])  # same architecture and size: dropped all the same
+    assert engine._core.cost(True, "").empty
+    measured = []
+    real_measure = calibration.measure
+
+    def counting_measure(*args, **kwargs):
+        measured.append(args[1])
+        return real_measure(*args, **kwargs)
+
+    monkeypatch.setattr(calibration, "measure", counting_measure)
+    f32_curve = calibration.ensure(engine, "", repeats=1, progress=False)
+    assert measured == [""] and f32_curve.ms != (0.5, 0.5)
+    # Another file of the same kind (f32, same shapes): found in the cache, not measured again.
+    engine.reload_draft(tiny_drafts["independent"])
+    assert calibration.ensure(engine, "", progress=False) == f32_curve and measured == [""]
+    # The same weights in Q8_0: another kind of file, measured for itself.
+    q8 = tmp_path / "perturbed-q8_0.gguf"
+    _core.quantize_model(tiny_drafts["perturbed"], str(q8), 7, [])
+    engine.reload_draft(str(q8))
+    assert engine._core.cost(True, "").empty
+    calibration.ensure(engine, "", repeats=1, progress=False)
+    assert measured == ["", ""]
+    assert calibration.cache_key(engine, "") != calibration.cache_key(engine, None)  # draft and target curves differ
 
 
 def test_planner_is_exposed_for_inspection() -> None:

@@ -160,6 +160,9 @@ void record_trace(Request& req, const TreeVerdict& verdict, int32_t position) {
         const int32_t row = verdict.path.empty() ? 0 : verdict.path.back() + 1;
         softmax(req.target.logits(row), req.target.n_vocab(), req.row);
         top_k_entries(req.row.data(), req.target.n_vocab(), req.params.trace_top_k, step.top_ids, step.top_probs);
+        if (step.draft_tokens.size() > size_t(step.n_accepted)) {
+            step.rejected_prob = req.row[size_t(step.draft_tokens[size_t(step.n_accepted)])];
+        }
     }
     req.result.trace.push_back(std::move(step));
 }
@@ -239,9 +242,7 @@ void Engine::swap_draft(std::unique_ptr<Model> draft, const std::string& name) {
     {
         std::lock_guard<std::mutex> lock(drafts_mutex_);
         DraftSlot& slot = drafts_[name];
-        const bool same_size = slot.model && slot.model->n_layer() == draft->n_layer() &&
-                               slot.model->n_embd() == draft->n_embd();
-        if (!same_size) slot.cost = {};
+        slot.cost = {};  // another file, maybe another quantization: never its predecessor's cost
         old = std::move(slot.model);
         slot.model = std::move(draft);
         ++slot.version;
@@ -266,16 +267,21 @@ void Engine::remove_draft(const std::string& name) {
 }
 
 std::vector<float> Engine::evaluate(const std::vector<int32_t>& tokens, bool use_draft, bool all_rows,
-                                    const std::string& draft_name) {
-    return evaluate_rows(use_draft ? draft(draft_name) : target(), tokens, all_rows, nullptr);
+                                    const std::string& draft_name, int32_t first_row) {
+    if (!tokens.empty() && (first_row < 0 || first_row >= int32_t(tokens.size()))) {
+        throw InvalidArgumentError("evaluate: first_row " + std::to_string(first_row) + " is outside [0, " +
+                                   std::to_string(tokens.size()) + ")");
+    }
+    const int32_t first_output = all_rows ? first_row : int32_t(tokens.size()) - 1;
+    return evaluate_rows(use_draft ? draft(draft_name) : target(), tokens, first_output, nullptr);
 }
 
 std::vector<float> Engine::evaluate_hidden(const std::vector<int32_t>& tokens, std::vector<float>& hidden) {
     hidden.clear();
-    return evaluate_rows(target(), tokens, true, &hidden);
+    return evaluate_rows(target(), tokens, 0, &hidden);
 }
 
-std::vector<float> Engine::evaluate_rows(Model& model, const std::vector<int32_t>& tokens, bool all_rows,
+std::vector<float> Engine::evaluate_rows(Model& model, const std::vector<int32_t>& tokens, int32_t first_output,
                                          std::vector<float>* hidden) {
     if (tokens.empty()) throw InvalidArgumentError("evaluate needs at least one token");
     if (int32_t(tokens.size()) > model.n_ctx()) {
@@ -287,16 +293,18 @@ std::vector<float> Engine::evaluate_rows(Model& model, const std::vector<int32_t
     const int32_t n_batch = model.params().n_batch;
     const int32_t n = int32_t(tokens.size());
     std::vector<float> out;
-    out.reserve(size_t(all_rows ? n : 1) * size_t(n_vocab));
-    if (hidden) hidden->reserve(size_t(n) * size_t(n_hidden));
+    out.reserve(size_t(n - first_output) * size_t(n_vocab));
+    if (hidden) hidden->reserve(size_t(n - first_output) * size_t(n_hidden));
     model.kv_clear();
     model.set_hidden_output(hidden != nullptr);
     try {
+        std::vector<BatchToken> batch;
         for (int32_t i = 0; i < n; i += n_batch) {
             const int32_t n_chunk = std::min(n_batch, n - i);
-            model.decode_seq(tokens.data() + i, n_chunk, i, all_rows);
+            batch.clear();
+            for (int32_t j = i; j < i + n_chunk; ++j) batch.push_back({tokens[size_t(j)], j, {}, j >= first_output});
+            model.decode(batch);
             for (int32_t r = 0; r < model.n_outputs(); ++r) {
-                if (!all_rows && i + n_chunk < n) continue;
                 const float* row = model.logits(r);
                 out.insert(out.end(), row, row + n_vocab);
                 if (hidden) hidden->insert(hidden->end(), model.hidden(r), model.hidden(r) + n_hidden);

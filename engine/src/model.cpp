@@ -87,6 +87,12 @@ std::string Model::description() const {
     return buf;
 }
 
+std::string Model::cost_signature() const {
+    return description() + "|bytes=" + std::to_string(llama_model_size(model_)) +
+           "|params=" + std::to_string(llama_model_n_params(model_)) + "|layers=" + std::to_string(n_layer()) +
+           "|embd=" + std::to_string(n_embd()) + "|vocab=" + std::to_string(n_vocab_);
+}
+
 std::vector<int32_t> Model::tokenize(const std::string& text, bool add_special, bool parse_special) const {
     std::vector<int32_t> tokens(text.size() + 8);
     int32_t n = llama_tokenize(vocab_, text.data(), int32_t(text.size()), tokens.data(),

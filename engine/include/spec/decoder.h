@@ -88,7 +88,10 @@ struct StepTrace {
     int32_t target_token = 0;            // the recovered or bonus token the target added
     bool rejected = false;               // a draft token was rejected at position + n_accepted
     std::vector<int32_t> top_ids;        // [k] target top-k at the rejected position (T = 1)
-    std::vector<float> top_probs;        // [k]
+    std::vector<float> top_probs;        // [k] over the whole vocabulary: they sum to <= 1
+    // The target's probability (T = 1) of the rejected draft token, draft_tokens[n_accepted],
+    // inside the top-k or not: a trainer needs it to push the draft off that token.
+    float rejected_prob = 0.0f;
 };
 
 struct GenerateResult {
@@ -159,11 +162,13 @@ public:
                             const TextCallback& on_text = nullptr);
 
     // Evaluates `tokens` from an empty KV cache of the target (or the draft of slot `draft_name`)
-    // and returns logits: every row ([n_tokens, n_vocab]) when all_rows, else the last row
-    // ([n_vocab]). For tests and tools (reference distributions, golden comparisons); not used
-    // by generate().
+    // and returns logits: the rows from `first_row` on ([n_tokens - first_row, n_vocab]) when
+    // all_rows, else the last row ([n_vocab]). Rows before first_row are never computed (a
+    // trainer wants the rows of a continuation, not of its prompt). For tests and tools
+    // (reference distributions, golden comparisons, distillation); not used by generate().
+    // InvalidArgumentError unless 0 <= first_row < n_tokens.
     std::vector<float> evaluate(const std::vector<int32_t>& tokens, bool use_draft, bool all_rows,
-                                const std::string& draft_name = "");
+                                const std::string& draft_name = "", int32_t first_row = 0);
     // evaluate() of the target with every row, also returning each row's hidden state in `hidden`
     // ([n_tokens, n_hidden], see Model::hidden): the input of a draft head and its training data.
     std::vector<float> evaluate_hidden(const std::vector<int32_t>& tokens, std::vector<float>& hidden);
@@ -176,8 +181,9 @@ public:
     // machine (spec/calibrate.h; sizes empty: default_calibration_sizes()) and installs the
     // result; set_* installs a curve measured earlier (the Python layer caches them per model
     // file, threads and backend). A generation with method "auto" measures what is missing
-    // first. A draft slot's curve survives swap_draft when the new model has the old one's
-    // layer count and width, and is dropped otherwise.
+    // first. swap_draft drops the slot's curve: the new file may be quantized differently, so
+    // its cost is measured or looked up for it (the Python layer caches curves by
+    // Model::cost_signature).
     CostCurve measure_target_cost(const std::vector<int32_t>& sizes = {}, int32_t repeats = 3,
                                   const CalibrationProgress& progress = nullptr);
     CostCurve measure_draft_cost(const std::string& name = "", const std::vector<int32_t>& sizes = {},
@@ -202,8 +208,9 @@ private:
     void validate(const std::vector<int32_t>& prompt_tokens, const GenerateParams& params) const;
     std::unique_ptr<Drafter> make_drafter(const GenerateParams& params);
     Model* find_draft(const std::string& name) const;  // null when the slot is empty
-    // evaluate(); hidden non-null: every row, hidden states appended there ([n, n_hidden]).
-    std::vector<float> evaluate_rows(Model& model, const std::vector<int32_t>& tokens, bool all_rows,
+    // evaluate(): the rows from first_output on; hidden non-null: their hidden states appended
+    // there ([n - first_output, n_hidden]).
+    std::vector<float> evaluate_rows(Model& model, const std::vector<int32_t>& tokens, int32_t first_output,
                                      std::vector<float>* hidden);
 
     EngineParams params_;

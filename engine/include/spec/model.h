@@ -56,6 +56,12 @@ public:
     int32_t n_layer() const;
     int32_t n_embd() const;
     std::string description() const;
+    // What the time of a decode depends on besides the machine and the context settings:
+    // llama.cpp's description (architecture, size class, file type), tensor bytes, parameter
+    // count, layers, width and vocabulary. Two files with the same signature hold tensors of the
+    // same types and shapes (e.g. a fine-tuned draft written in its source's quantization), so
+    // a cost curve measured for one holds for the other.
+    std::string cost_signature() const;
 
     // Tokenize UTF-8 text. add_special: BOS if the model wants one; parse_special: turn special
     // token text such as "<|im_start|>" into the special token.
