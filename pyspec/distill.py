@@ -10,6 +10,8 @@ import json
 import sys
 from typing import Any
 
+from .online.config import EXPORT_TYPES  # no torch: the export types are plain names
+
 
 def _acceptance(engine: Any, prompts: list[list[int]], max_tokens: int) -> float:
     """Pooled acceptance of the engine's draft (method chain, greedy) over `prompts`."""
@@ -79,7 +81,8 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--top-k", type=int, default=32, help="target probabilities kept per position (default 32)")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens per generated sequence (default 64)")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature of the sequences (0: greedy)")
-    p.add_argument("--dtype", choices=["f32", "f16", "bf16", "q8_0"], default="f16", help="export type (default f16)")
+    p.add_argument("--dtype", choices=list(EXPORT_TYPES), default="source",
+                   help="export type (default source: each tensor in the draft file's own type)")
     p.add_argument("--out", required=True, help="GGUF file to write")
     p.add_argument("--raw", action="store_true", help="raw prompt text instead of the chat template")
     p.add_argument("--threads", type=int, default=None, help="engine CPU threads (default: all cores)")

@@ -20,8 +20,10 @@ import torch
 import pyspec
 from online_golden import GOLDEN_TEXT, compare, golden_tokens, quantize_with_llama_cpp
 from pyspec._models.tiny import build_tiny_model
-from pyspec.online import EXPORT_TYPES, DraftModel, export_gguf, load_gguf, open_gguf
+from pyspec import _core
+from pyspec.online import DraftModel, ExportTemplate, export_gguf, load_gguf, open_gguf
 from pyspec.online import export as export_module
+from pyspec.online.config import DIRECT_TYPES, EXPORT_TYPES
 
 # Measured maxima over the two tiny sources (logits up to ~17 for llama, ~75 for the tied qwen2):
 # llama.cpp on the exported file vs PyTorch on the same weights: f32 0.0081, f16 0.014, bf16 0.075,
@@ -52,19 +54,19 @@ def metadata(path: Path) -> dict[str, tuple[object, list[gguf.GGUFValueType]]]:
 
 
 @pytest.mark.parametrize("variant", ["llama", "qwen2-tied"])
-@pytest.mark.parametrize("dtype", list(EXPORT_TYPES))
+@pytest.mark.parametrize("dtype", list(DIRECT_TYPES))
 def test_export_keeps_metadata_and_tensor_layout(sources: dict[str, Path], tmp_path: Path,
                                                  variant: str, dtype: str) -> None:
     source = sources[variant]
     out = export_gguf(load_gguf(source), tmp_path / "out.gguf", dtype=dtype)
     before, after = metadata(source), metadata(out)
     file_type = after.pop("general.file_type")
-    assert file_type[0] == int(EXPORT_TYPES[dtype][1])
+    assert file_type[0] == int(DIRECT_TYPES[dtype][1])
     before.pop("general.file_type")
     assert after == before  # tokenizer, chat template, hyperparameters: same values, same types
     src_tensors, out_tensors = open_gguf(source).tensors, open_gguf(out).tensors
     assert [(t.name, t.shape.tolist()) for t in out_tensors] == [(t.name, t.shape.tolist()) for t in src_tensors]
-    matrix_type = EXPORT_TYPES[dtype][0]
+    matrix_type = DIRECT_TYPES[dtype][0]
     for t in out_tensors:
         assert t.tensor_type == (gguf.GGMLQuantizationType.F32 if len(t.shape) == 1 else matrix_type), t.name
     assert ("output.weight" in {t.name for t in out_tensors}) == (variant == "llama")
@@ -72,7 +74,7 @@ def test_export_keeps_metadata_and_tensor_layout(sources: dict[str, Path], tmp_p
 
 
 @pytest.mark.parametrize("variant", ["llama", "qwen2-tied"])
-@pytest.mark.parametrize("dtype", list(EXPORT_TYPES))
+@pytest.mark.parametrize("dtype", list(DIRECT_TYPES))
 def test_exported_file_matches_pytorch(sources: dict[str, Path], tokens: list[int], tmp_path: Path,
                                        variant: str, dtype: str) -> None:
     model = load_gguf(sources[variant])
@@ -104,6 +106,71 @@ def test_f32_export_of_a_quantized_model_matches_llama_cpp_closely(tmp_path: Pat
     result = compare(f32, model, golden_tokens(f32))
     result.assert_argmax_matches()
     assert result.max_abs_diff < 0.02, result.report()
+
+
+@pytest.fixture(scope="module")
+def mixed_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model quantized by llama.cpp to Q4_K_M: K-quant blocks, some tensors in other types
+    (its mix), none of which the gguf package can write."""
+    folder = tmp_path_factory.mktemp("online_export_mixed")
+    wide = build_tiny_model(folder / "wide.gguf", seed=5, n_embd=256, n_ff=512, n_head=4, n_head_kv=2)
+    return quantize_with_llama_cpp(wide, folder / "wide-q4km.gguf", "Q4_K_M")
+
+
+def tensor_types(path: Path) -> dict[str, str]:
+    return {t.name: t.tensor_type.name for t in open_gguf(path).tensors}
+
+
+def test_source_export_keeps_every_tensor_type_of_a_k_quant_source(mixed_source: Path, tmp_path: Path) -> None:
+    """The default export writes each tensor in the type the source has (via llama.cpp's
+    quantizer), so the trained draft costs what the original did: same tensor types, same
+    size, same cost signature (the key of the cached cost curve), same logits up to rounding."""
+    source_types = tensor_types(mixed_source)
+    assert {"Q4_K", "F32"} <= set(source_types.values()) and len(set(source_types.values())) >= 3
+    model = load_gguf(mixed_source)
+    out = export_gguf(model, tmp_path / "trained.gguf")  # dtype="source"
+    assert tensor_types(out) == source_types
+    assert out.stat().st_size == mixed_source.stat().st_size
+    assert metadata(out) == metadata(mixed_source)  # general.file_type included
+    assert list(tmp_path.iterdir()) == [out]  # the f32 intermediate is gone
+    tokens = golden_tokens(mixed_source)
+    with pyspec.Engine(str(mixed_source), n_ctx=256, n_threads=2) as a, pyspec.Engine(str(out), n_ctx=256, n_threads=2) as b:
+        assert a._core.cost_signature(False, "") == b._core.cost_signature(False, "")
+        before, after = a.evaluate(tokens, all_rows=True), b.evaluate(tokens, all_rows=True)
+    # Requantizing the dequantized weights moves them by at most a rounding step (measured 0.0).
+    assert float(np.abs(before - after).max()) < 0.05
+
+
+@pytest.mark.parametrize("dtype", ["q5_0", "q4_k_m", "q6_k"])
+def test_export_to_any_llama_type(mixed_source: Path, tmp_path: Path, dtype: str) -> None:
+    model = load_gguf(mixed_source)
+    out = export_gguf(model, tmp_path / f"{dtype}.gguf", dtype=dtype, n_threads=2)
+    types = tensor_types(out)
+    expected = {"q5_0": "Q5_0", "q4_k_m": "Q4_K", "q6_k": "Q6_K"}[dtype]
+    assert types["blk.0.attn_q.weight"] == expected
+    assert all(t == "F32" for name, t in types.items() if name.endswith("norm.weight"))
+    assert metadata(out)["general.file_type"][0] == int(gguf.LlamaFileType[f"MOSTLY_{dtype.upper()}"])
+    result = compare(out, load_gguf(out), golden_tokens(out))
+    assert result.max_abs_diff < 0.5, result.report()  # llama.cpp's quantized kernels, as in test_online_gguf
+    result.assert_argmax_matches(near_tie=NEAR_TIE)
+
+
+def test_one_template_serves_many_exports(sources: dict[str, Path], tmp_path: Path) -> None:
+    model = load_gguf(sources["qwen2-tied"])
+    template = ExportTemplate.read(sources["qwen2-tied"])
+    a = export_gguf(model, tmp_path / "a.gguf", dtype="f16", template=template)
+    b = export_gguf(model, tmp_path / "b.gguf", dtype="f16")
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_quantizer_errors_are_typed(sources: dict[str, Path], tmp_path: Path) -> None:
+    with pytest.raises(pyspec.ModelLoadError, match="not found"):
+        _core.quantize_model(str(tmp_path / "missing.gguf"), str(tmp_path / "out.gguf"), 8, [])
+    with pytest.raises(pyspec.InvalidArgumentError, match="file type"):
+        _core.quantize_model(str(sources["llama"]), str(tmp_path / "out.gguf"), 999, [])
+    with pytest.raises(pyspec.InvalidArgumentError, match="ggml type"):
+        _core.quantize_model(str(sources["llama"]), str(tmp_path / "out.gguf"), 8, [("token_embd.weight", 999)])
+    assert not (tmp_path / "out.gguf").exists()
 
 
 def test_trained_weights_reach_the_engine(sources: dict[str, Path], tokens: list[int], tmp_path: Path) -> None:
@@ -140,6 +207,7 @@ def test_failed_export_leaves_the_destination_alone(sources: dict[str, Path], tm
 
 
 def test_export_refuses_a_source_of_another_shape(sources: dict[str, Path], tmp_path: Path) -> None:
+    assert "q4_k" not in EXPORT_TYPES  # a tensor type, not a file type: q4_k_s / q4_k_m
     with pytest.raises(ValueError, match="dtype"):
         export_gguf(load_gguf(sources["llama"]), tmp_path / "x.gguf", dtype="q4_k")
     with pytest.raises(ValueError, match="architecture"):

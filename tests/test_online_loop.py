@@ -3,7 +3,11 @@ background training -> export -> hot reload, on tiny models. Training is kept to
 
 from __future__ import annotations
 
-import threading
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +31,9 @@ from pyspec.online import (  # noqa: E402
     top_k_of_logits,
     train_step,
 )
-from pyspec.online import distiller as distiller_module  # noqa: E402
+import online_faults  # noqa: E402
+
+GATED = "online_faults:GatedDraft"
 
 PROMPTS = ["def add(a, b):", "The quick brown fox", "for i in range(10):", "class Counter:"]
 MAX_TOKENS = 40
@@ -74,6 +80,25 @@ def test_rejected_rows_predict_the_targets_token(tiny_target: str, weak_draft: s
     with torch.no_grad():
         draft_argmax = draft(torch.tensor(sample.tokens, dtype=torch.long)).argmax(-1).numpy()[sample.rows]
     assert np.mean(draft_argmax == np.array(rejected)) >= 0.9  # near-ties may flip a few
+
+
+def test_the_rejected_token_is_in_every_rows_set(tiny_target: str, weak_draft: str) -> None:
+    """Each rejected row holds the target's top 8 and, where the rejected draft token is not
+    among them, that token with the target's probability of it (as llama.cpp computes it)."""
+    with make_engine(tiny_target, weak_draft) as engine:
+        result = engine.generate(PROMPTS[2], max_tokens=MAX_TOKENS, method="chain", trace_top_k=8)
+        sample = samples_from_result(result, positions="rejected")
+        assert sample is not None and sample.top_ids.shape == (sample.n_rows, 9)
+        rows = engine.evaluate(sample.tokens.tolist(), all_rows=True)[sample.rows]
+    probs = np.exp(rows - rows.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    rejected = result.trace.reject_tokens
+    for i, token in enumerate(rejected):
+        assert token in sample.top_ids[i]  # in the top 8 or in the extra column
+        inside = token in sample.top_ids[i, :8]
+        assert sample.top_ids[i, 8] == (-1 if inside else token)
+        assert result.trace.reject_probs[i] == pytest.approx(probs[i, token], rel=1e-3, abs=1e-6)
+    assert (sample.top_ids[:, 8] >= 0).any()  # the weak draft is wrong outside the top 8 somewhere
 
 
 def test_all_positions_from_logits_and_from_evaluate_agree(tiny_target: str, weak_draft: str) -> None:
@@ -145,7 +170,7 @@ def test_prompt_centroids_route_by_nearest_domain(tiny_target: str) -> None:
 
 def test_distill_config_rejects_bad_values() -> None:
     for bad in ({"loss": "mse"}, {"tau": 0}, {"positions": "some"}, {"teacher": "oracle"},
-                {"export_dtype": "q4_k"}, {"train_threads": 0}):
+                {"export_dtype": "q4_k"}, {"train_threads": 0}, {"lr_schedule": "cosine"}, {"rehearsal": -1}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             DistillConfig(**bad)
 
@@ -153,7 +178,7 @@ def test_distill_config_rejects_bad_values() -> None:
 @pytest.mark.parametrize("loss", ["fkl", "rkl", "jsd", "ce"])
 def test_one_training_step_lowers_the_loss_on_its_batch(tiny_target: str, weak_draft: str, loss: str) -> None:
     with make_engine(tiny_target, weak_draft) as engine:
-        results = [engine.generate(p, max_tokens=MAX_TOKENS) for p in PROMPTS[:2]]
+        results = [engine.generate(p, max_tokens=MAX_TOKENS, method="chain") for p in PROMPTS[:2]]
     batch = [s for s in (samples_from_result(r) for r in results) if s is not None]
     assert sum(s.n_rows for s in batch) > 0
     config = DistillConfig(loss=loss, lr=1e-3)
@@ -174,28 +199,23 @@ def test_one_training_step_lowers_the_loss_on_its_batch(tiny_target: str, weak_d
 def test_background_update_swaps_draft_while_generations_continue(
         tiny_target: str, weak_draft: str, plain: dict[str, list[int]], tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Generations go on (and stay greedy-identical to plain decoding) while the draft trains;
-    the trained draft is swapped in between two requests and raises acceptance on the stream."""
-    training, release = threading.Event(), threading.Event()
-    real_train = distiller_module.train
-
-    def gated_train(*args: object, **kwargs: object) -> object:
-        training.set()
-        assert release.wait(60)
-        return real_train(*args, **kwargs)
-
-    monkeypatch.setattr(distiller_module, "train", gated_train)
+    """Generations go on (and stay greedy-identical to plain decoding) while the draft trains in
+    its process; the trained draft is swapped in between two requests and raises acceptance."""
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    monkeypatch.setenv(online_faults.GATE_ENV, str(gate))
+    work = tmp_path / "drafts"
     with make_engine(tiny_target, weak_draft) as engine:
         distiller = OnlineDistiller(engine, DistillConfig(lr=1e-3, export_dtype="f32", epochs=3),
-                                    update_interval=len(PROMPTS), work_dir=tmp_path)
-        first = [distiller.generate(p, max_tokens=MAX_TOKENS, domain="mixed") for p in PROMPTS]
-        assert training.wait(30)  # the update started after request 4 and is now training
-        during = [distiller.generate(p, max_tokens=MAX_TOKENS, domain="mixed") for p in PROMPTS]
+                                    update_interval=len(PROMPTS), work_dir=work, factory=GATED)
+        first = [distiller.generate(p, max_tokens=MAX_TOKENS, domain="mixed", method="chain") for p in PROMPTS]
+        wait_for(gate / "started")  # the update started after request 4 and is now training
+        during = [distiller.generate(p, max_tokens=MAX_TOKENS, domain="mixed", method="chain") for p in PROMPTS]
         assert distiller.stats().updating and engine.draft_version == 1
-        release.set()
+        (gate / "release").touch()
         assert distiller.wait(60)
         distiller.update_interval = 100  # no second update during the last round
-        after = [distiller.generate(p, max_tokens=MAX_TOKENS, domain="mixed") for p in PROMPTS]
+        after = [distiller.generate(p, max_tokens=MAX_TOKENS, domain="mixed", method="chain") for p in PROMPTS]
         distiller.close()
         stats = distiller.stats()
 
@@ -212,56 +232,80 @@ def test_background_update_swaps_draft_while_generations_continue(
     accepted = lambda rs: sum(r.stats.n_accepted for r in rs) / sum(r.stats.n_drafted for r in rs)  # noqa: E731
     assert accepted(after) > accepted(first)  # it trained on exactly these prompts
     assert set(stats.acceptance_by_domain) == {"mixed"}
-    assert [p.name for p in tmp_path.iterdir()] == ["default-1.gguf"]
+    assert [p.name for p in work.iterdir()] == ["default-1.gguf"]
 
 
-def failing_export(model: object, out: Path, **kwargs: object) -> Path:
-    Path(out).write_bytes(b"GGUF this is not a model")
-    return Path(out)
+def wait_for(path: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} did not appear within {timeout} s"
+        time.sleep(0.02)
 
 
 def test_corrupt_reload_keeps_old_draft_and_buffer(tiny_target: str, weak_draft: str, plain: dict[str, list[int]],
                                                    tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    corrupt = tmp_path / "corrupt-while-this-exists"
+    corrupt.touch()
+    monkeypatch.setenv(online_faults.CORRUPT_ENV, str(corrupt))
+    work = tmp_path / "drafts"
     with make_engine(tiny_target, weak_draft) as engine:
-        distiller = OnlineDistiller(engine, CONFIG, update_interval=100, work_dir=tmp_path)
+        distiller = OnlineDistiller(engine, CONFIG, update_interval=100, work_dir=work,
+                                    factory="online_faults:CorruptExport")
         for p in PROMPTS:
-            distiller.generate(p, max_tokens=MAX_TOKENS)
+            distiller.generate(p, max_tokens=MAX_TOKENS, method="chain")
         before = distiller.buffer.snapshot()
         assert before
-        monkeypatch.setattr(distiller_module, "export_gguf", failing_export)
         assert distiller.update_now() is False
         stats = distiller.stats()
         assert stats.n_failed_updates == 1 and stats.n_updates == 0
         assert stats.last_error is not None and stats.last_error.startswith("ModelLoadError")
         assert engine.draft_version == 1 and engine.draft_path == weak_draft
         assert distiller.buffer.snapshot() == before  # nothing lost
-        assert list(tmp_path.iterdir()) == []  # the bad file is removed
-        again = distiller.generate(PROMPTS[0], max_tokens=MAX_TOKENS)
+        assert list(work.iterdir()) == []  # the bad file is removed
+        again = distiller.generate(PROMPTS[0], max_tokens=MAX_TOKENS, method="chain")
         assert again.tokens == plain[PROMPTS[0]] and again.draft_version == 1
 
         n_kept = len(distiller.buffer.snapshot())
-        monkeypatch.undo()  # the next update succeeds and trains on the kept samples
+        corrupt.unlink()  # the next update succeeds and trains on the kept samples
         assert distiller.update_now() is True
         assert engine.draft_version == 2 and distiller.stats().n_updates == 1
         assert distiller.buffer.snapshot() == []
         assert distiller.stats().last_report.n_samples == n_kept
+        distiller.close()
 
 
 def test_failed_training_keeps_buffer(tiny_target: str, weak_draft: str, tmp_path: Path,
-                                      monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    def broken_train(*args: object, **kwargs: object) -> None:
-        raise RuntimeError("out of memory (simulated)")
-
-    monkeypatch.setattr(distiller_module, "train", broken_train)
+                                      caplog: pytest.LogCaptureFixture) -> None:
     with make_engine(tiny_target, weak_draft) as engine:
-        distiller = OnlineDistiller(engine, CONFIG, update_interval=2, work_dir=tmp_path)
-        results = [distiller.generate(p, max_tokens=MAX_TOKENS) for p in PROMPTS[:2]]  # due after 2
-        assert distiller.wait(30)
+        distiller = OnlineDistiller(engine, CONFIG, update_interval=2, work_dir=tmp_path,
+                                    factory="online_faults:BrokenTraining")
+        results = [distiller.generate(p, max_tokens=MAX_TOKENS, method="chain") for p in PROMPTS[:2]]  # due after 2
+        assert distiller.wait(60)
         stats = distiller.stats()
-        assert stats.n_failed_updates == 1 and stats.last_error == "RuntimeError: out of memory (simulated)"
+        assert stats.n_failed_updates == 1
+        assert stats.last_error == "TrainerError: RuntimeError: out of memory (simulated)"
         assert stats.buffer_positions == sum(r.trace.reject_positions.shape[0] for r in results)
         assert engine.draft_version == 1
         assert "old draft keeps serving" in caplog.text
+        distiller.close()
+
+
+def test_a_killed_training_process_is_replaced(tiny_target: str, weak_draft: str, tmp_path: Path) -> None:
+    with make_engine(tiny_target, weak_draft) as engine:
+        distiller = OnlineDistiller(engine, CONFIG, update_interval=100, work_dir=tmp_path)
+        for p in PROMPTS:
+            distiller.generate(p, max_tokens=MAX_TOKENS, method="chain")
+        first = distiller._trainer
+        assert first is not None
+        first.ready.result(60)
+        os.kill(first.pid, signal.SIGKILL)
+        assert distiller.update_now() is False
+        stats = distiller.stats()
+        assert stats.n_failed_updates == 1 and stats.last_error.startswith("TrainerExitedError")
+        assert distiller.update_now() is True  # a new process, from the serving draft
+        assert distiller._trainer is not first and engine.draft_version == 2
+        distiller.close()
+        assert not first.alive and distiller._trainer is None
 
 
 def test_all_positions_mode_trains_on_every_generated_token(tiny_target: str, weak_draft: str,
@@ -273,6 +317,46 @@ def test_all_positions_mode_trains_on_every_generated_token(tiny_target: str, we
         assert result.logits is None  # taken for training, not handed back unasked
         assert distiller.buffer.n_positions == len(result.tokens)
         assert distiller.update_now() is True
+        distiller.close()
+
+
+def test_rehearsal_replays_released_samples(tiny_target: str, weak_draft: str, tmp_path: Path) -> None:
+    config = DistillConfig(lr=1e-3, export_dtype="f32", rehearsal=1.0, rehearsal_limit=10_000)
+    with make_engine(tiny_target, weak_draft) as engine:
+        distiller = OnlineDistiller(engine, config, update_interval=100, work_dir=tmp_path)
+        for p in PROMPTS[:2]:
+            distiller.generate(p, max_tokens=MAX_TOKENS, method="chain")
+        assert distiller.update_now() is True
+        first = distiller.stats().last_report
+        assert first.n_rehearsed == 0  # nothing released yet
+        assert distiller.buffer.n_rehearsal_positions == first.n_positions  # the reservoir holds them
+        for p in PROMPTS[2:]:
+            distiller.generate(p, max_tokens=MAX_TOKENS, method="chain")
+        n_new = distiller.buffer.n_positions
+        assert distiller.update_now() is True
+        second = distiller.stats().last_report
+        assert second.n_rehearsed > 0 and second.n_positions == n_new + second.n_rehearsed
+        distiller.close()
+
+
+def test_serving_never_imports_torch(tiny_target: str, weak_draft: str, tmp_path: Path) -> None:
+    """The serving process runs the engine, the buffer and the distiller; PyTorch, the student
+    and its optimizer live in the training process only."""
+    code = f"""
+import sys
+import pyspec
+from pyspec.online import DistillConfig, OnlineDistiller
+with pyspec.Engine({tiny_target!r}, draft={weak_draft!r}, n_ctx=512, n_threads=1) as engine:
+    distiller = OnlineDistiller(engine, DistillConfig(lr=1e-3, export_dtype="f32"), update_interval=2)
+    for prompt in {PROMPTS[:2]!r}:
+        distiller.generate(prompt, max_tokens=24, method="chain")
+    assert distiller.wait(60)
+    stats = distiller.stats()
+    distiller.close()
+assert stats.n_updates == 1 and stats.draft_version == 2, stats
+assert "torch" not in sys.modules, "the serving process imported torch"
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path, timeout=300)
 
 
 def test_router_sends_tagged_requests_to_their_draft(tiny_target: str, tiny_drafts: dict[str, str], weak_draft: str,
@@ -281,8 +365,8 @@ def test_router_sends_tagged_requests_to_their_draft(tiny_target: str, tiny_draf
         router = DomainRouter(engine, {"code": None, "prose": tiny_drafts["independent"]}, CONFIG,
                               update_interval=2, work_dir=tmp_path)
         assert engine.draft_paths == {"": weak_draft, "code": weak_draft, "prose": tiny_drafts["independent"]}
-        code = [router.generate(p, max_tokens=MAX_TOKENS, domain="code") for p in (PROMPTS[0], PROMPTS[2])]
-        prose = router.generate(PROMPTS[1], max_tokens=MAX_TOKENS, domain="prose")
+        code = [router.generate(p, max_tokens=MAX_TOKENS, domain="code", method="chain") for p in (PROMPTS[0], PROMPTS[2])]
+        prose = router.generate(PROMPTS[1], max_tokens=MAX_TOKENS, domain="prose", method="chain")
         assert router.wait(60)
         assert [r.draft for r in code] == ["code", "code"] and prose.draft == "prose"
         assert [r.tokens for r in code] == [plain[PROMPTS[0]], plain[PROMPTS[2]]]

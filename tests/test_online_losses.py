@@ -81,21 +81,107 @@ def test_temperature_by_hand() -> None:
         forward_kl(STUDENT, TARGET, tau=0.0)
 
 
-def test_top_k_restricts_both_distributions_to_the_target_support() -> None:
-    # Vocabulary of 4; the target's top 2 are ids 3 and 1 with probabilities 0.6 and 0.2 (the
-    # rest of its mass elsewhere): renormalised p = (3/4, 1/4) over (3, 1). The student's logits
-    # at (3, 1) are (ln 3, 0) -> restricted q = (3/4, 1/4): every divergence is 0, whatever the
-    # student puts on ids 0 and 2.
+def test_top_k_target_is_its_top_k_plus_a_tail_bucket_by_hand() -> None:
+    # Vocabulary of 4; the target's top 2 are ids 3 and 1 with probabilities 0.6 and 0.2, the
+    # remaining 0.2 is its tail. The student's logits (5, 0, -2, ln 3): Z = e^5 + 1 + e^-2 + 3;
+    # its bins are q(3) = 3/Z, q(1) = 1/Z and the tail q(0) + q(2) = (e^5 + e^-2)/Z.
+    student = torch.tensor([[5.0, 0.0, -2.0, math.log(3)]])
+    top = TopK(ids=torch.tensor([[3, 1]]), probs=torch.tensor([[0.6, 0.2]]))
+    z = math.exp(5) + 1 + math.exp(-2) + 3
+    p, q = [0.6, 0.2, 0.2], [3 / z, 1 / z, (math.exp(5) + math.exp(-2)) / z]
+    assert forward_kl(student, top).item() == pytest.approx(kl(p, q), rel=1e-5)
+    assert reverse_kl(student, top).item() == pytest.approx(kl(q, p), rel=1e-5)
+    m = [(a + b) / 2 for a, b in zip(p, q)]
+    assert jsd(student, top).item() == pytest.approx((kl(p, m) + kl(q, m)) / 2, rel=1e-5)
+
+
+def test_a_wrong_argmax_outside_the_top_k_costs_something() -> None:
+    # The student's argmax (id 0, logit 5) is outside the target's top 2. Renormalised over the
+    # top 2 alone, as the losses used to be, q = (3/4, 1/4) = p and every divergence was 0: the
+    # student had no reason to leave id 0. With the tail bucket the student pays for the ~0.98
+    # it puts where the target has 0.2.
     student = torch.tensor([[5.0, 0.0, -2.0, math.log(3)]])
     top = TopK(ids=torch.tensor([[3, 1]]), probs=torch.tensor([[0.6, 0.2]]))
     for loss in (forward_kl, reverse_kl, jsd):
-        assert loss(student, top).item() == pytest.approx(0.0, abs=1e-6), loss.__name__
-    # restricted q = (1/2, 1/2) now: KL(p || q) = 3/4 ln(3/2) + 1/4 ln(1/2)
-    student = torch.tensor([[5.0, 0.0, -2.0, 0.0]])
-    assert forward_kl(student, top).item() == pytest.approx(0.75 * math.log(1.5) + 0.25 * math.log(0.5), rel=1e-5)
-    # the same as the full-row loss on the two ids
-    full_student = student[:, [3, 1]]
-    assert forward_kl(full_student, torch.tensor([[0.75, 0.25]])).item() == pytest.approx(forward_kl(student, top).item())
+        assert loss(student, top).item() > 0.1, loss.__name__
+    # Only a student that matches the target on every bin pays nothing: q(3) = 0.6, q(1) = 0.2,
+    # and 0.2 over ids 0 and 2 together.
+    matching = torch.tensor([[math.log(0.1), math.log(0.2), math.log(0.1), math.log(0.6)]])
+    for loss in (forward_kl, reverse_kl, jsd):
+        assert loss(matching, top).item() == pytest.approx(0.0, abs=1e-6), loss.__name__
+
+
+def test_padding_ids_are_ignored_and_a_full_set_is_the_full_row_loss() -> None:
+    student = torch.tensor([[5.0, 0.0, -2.0, math.log(3)]])
+    top = TopK(ids=torch.tensor([[3, 1]]), probs=torch.tensor([[0.6, 0.2]]))
+    padded = TopK(ids=torch.tensor([[3, -1, 1, -1]]), probs=torch.tensor([[0.6, 0.9, 0.2, 0.5]]))
+    everything = TopK(ids=torch.tensor([[3, 1, 0, 2]]), probs=torch.tensor([[0.6, 0.2, 0.15, 0.05]]))
+    full = torch.tensor([[0.15, 0.2, 0.05, 0.6]])
+    for loss in (forward_kl, reverse_kl, jsd):
+        assert loss(student, padded).item() == pytest.approx(loss(student, top).item(), rel=1e-6)
+        assert loss(student, everything).item() == pytest.approx(loss(student, full).item(), rel=1e-5)
+    # rounding that makes the top-k sum exceed 1 is scaled away (empty tail), not a negative tail
+    over = TopK(ids=torch.tensor([[3, 1, 0, 2]]), probs=torch.tensor([[0.61, 0.2, 0.15, 0.05]]))
+    assert torch.isfinite(forward_kl(student, over))
+
+
+def test_temperature_on_a_top_k_target_spreads_the_tail_evenly() -> None:
+    # tau = 2, V = 4, top 2 = (0.6, 0.2) at ids (3, 1), tail 0.2 over the 2 other ids, taken as
+    # 0.1 each: tempered bins ~ (0.6^(1/2), 0.2^(1/2), 2 * 0.1^(1/2)).
+    tau = 2.0
+    student = torch.tensor([[5.0, 0.0, -2.0, math.log(3)]])
+    top = TopK(ids=torch.tensor([[3, 1]]), probs=torch.tensor([[0.6, 0.2]]))
+    p = [math.sqrt(0.6), math.sqrt(0.2), 2 * math.sqrt(0.1)]
+    p = [x / sum(p) for x in p]
+    e = [math.exp(v / tau) for v in (5.0, 0.0, -2.0, math.log(3))]
+    q = [e[3] / sum(e), e[1] / sum(e), (e[0] + e[2]) / sum(e)]
+    assert forward_kl(student, top, tau=tau).item() == pytest.approx(kl(p, q), rel=1e-5)
+    # the full-row loss when the target is spread evenly over its tail, and so is the student
+    even = torch.tensor([[1.0, 0.0, 1.0, math.log(3)]])
+    full = torch.tensor([[0.1, 0.2, 0.1, 0.6]])
+    for loss in (forward_kl, reverse_kl, jsd):
+        assert loss(even, top, tau=tau).item() == pytest.approx(loss(even, full, tau=tau).item(), rel=1e-5)
+
+
+def test_a_few_steps_move_a_wrong_argmax_outside_the_top_k_to_the_targets() -> None:
+    """The toy of issue 15 (V = 4000, k = 32): 64 rows where the target has a clear favourite and
+    the student's argmax is a wrong token outside the target's top 32, with a margin of 3. Free
+    logits, Adam: with the old loss (top-k renormalised) the argmax never moves; with the tail
+    bucket and the rejected token in the set, 20 steps make every row's argmax the target's."""
+    n, n_vocab, k = 64, 4000, 32
+    g = torch.Generator().manual_seed(0)
+    rows = torch.arange(n)
+    target_logits = torch.randn(n, n_vocab, generator=g) * 3
+    best = target_logits.argmax(-1)
+    target_logits[rows, best] += 2.0  # a clear favourite, as where the target corrected the draft
+    probs = torch.softmax(target_logits, -1)
+    top = probs.topk(k, -1)
+    outside = torch.ones(n, n_vocab, dtype=torch.bool)
+    outside[rows[:, None], top.indices] = False
+    wrong = torch.multinomial(outside.float(), 1, generator=g).squeeze(-1)
+    start = target_logits + torch.randn(n, n_vocab, generator=g)
+    start[rows, wrong] = start.max(-1).values + 3.0
+    with_rejected = TopK(torch.cat([top.indices, wrong[:, None]], -1), torch.cat([top.values, probs[rows, wrong][:, None]], -1))
+
+    def renormalised_fkl(z: torch.Tensor) -> torch.Tensor:  # what losses.py computed before
+        log_p = torch.log_softmax(top.values.log(), -1)
+        log_q = torch.log_softmax(z.gather(-1, top.indices), -1)
+        return (log_p.exp() * (log_p - log_q)).sum(-1).mean()
+
+    def train(loss_fn) -> float:
+        z = start.clone().requires_grad_(True)
+        optimizer = torch.optim.Adam([z], lr=0.5)
+        for _ in range(20):
+            optimizer.zero_grad()
+            loss_fn(z).backward()
+            optimizer.step()
+        return float((z.argmax(-1) == best).float().mean())
+
+    assert float((start.argmax(-1) == best).float().mean()) == 0.0
+    assert train(renormalised_fkl) == 0.0
+    for name in ("fkl", "rkl", "jsd"):
+        assert distill_loss(start, with_rejected, loss=name).item() > 0.1, name
+        assert train(lambda z: distill_loss(z, with_rejected, loss=name)) == 1.0, name
 
 
 def test_rows_reduce_by_mean_sum_or_none() -> None:

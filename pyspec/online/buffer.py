@@ -5,7 +5,9 @@ chosen positions, the target's top-k distribution of the next token. `samples_fr
 one from a GenerationResult:
 
 - positions="rejected" (OSD Algorithm 1): the positions where the target rejected a draft token,
-  with the top-k the engine recorded there (`result.trace`, temperature 1, k = trace_top_k);
+  with the top-k the engine recorded there (`result.trace`, temperature 1, k = trace_top_k), and
+  the rejected draft token with the target's probability of it as one more entry when it is not
+  among them (the loss must push the draft off it; losses.py);
 - positions="all": every generated position, with the top-k of the target's logits row behind
   each token (`result.logits`, i.e. the request ran with return_logits=True) or, when the caller
   passes them, rows computed afterwards (`Engine.evaluate(all_rows=True)`).
@@ -16,6 +18,7 @@ Numpy only; the trainer turns samples into tensors.
 from __future__ import annotations
 
 import itertools
+import random
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -30,11 +33,14 @@ POSITIONS = ("rejected", "all")
 @dataclass(frozen=True, eq=False)
 class TraceSample:
     """One generation's training positions. Row r of the student's logits over tokens[: r + 1]
-    predicts tokens[r + 1]; the target's distribution there is (top_ids[i], top_probs[i])."""
+    predicts tokens[r + 1]; the target's distribution there is (top_ids[i], top_probs[i]),
+    probabilities over the whole vocabulary (the rest of the mass is the loss's tail bucket)."""
 
     tokens: np.ndarray     # [n_tokens] int32: prompt + generated tokens, up to the last row + 1
     rows: np.ndarray       # [n_rows] int32: sorted indices into tokens, each < n_tokens
-    top_ids: np.ndarray    # [n_rows, k] int32: the target's k likeliest next tokens at each row
+    # [n_rows, k] int32: the target's k likeliest next tokens at each row (positions="rejected":
+    # then one more column, the rejected draft token where it is not among them); -1 pads
+    top_ids: np.ndarray
     top_probs: np.ndarray  # [n_rows, k] float32: their probabilities (temperature 1; sum <= 1)
     request: int = 0       # index of the request in the stream that produced it (for max_age)
     domain: str = ""
@@ -46,15 +52,20 @@ class TraceSample:
 
 def top_k_of_logits(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Top-k ids ([n, k] int32, likeliest first) and softmax probabilities ([n, k] float32) of
-    logits rows [n, n_vocab], the softmax taken over the whole vocabulary."""
+    logits rows [n, n_vocab], the softmax taken over the whole vocabulary (in float32, one row
+    at a time: no [n, n_vocab] temporaries besides the input)."""
     logits = np.asarray(logits, dtype=np.float32)
     k = min(k, logits.shape[1])
     ids = np.argpartition(-logits, k - 1, axis=1)[:, :k]
     top = np.take_along_axis(logits, ids, axis=1)
     order = np.argsort(-top, axis=1, kind="stable")
     ids, top = np.take_along_axis(ids, order, axis=1), np.take_along_axis(top, order, axis=1)
-    row_max = logits.max(axis=1, keepdims=True)
-    log_z = row_max + np.log(np.exp(logits - row_max, dtype=np.float64).sum(axis=1, keepdims=True))
+    log_z = np.empty((logits.shape[0], 1), dtype=np.float32)
+    scratch = np.empty(logits.shape[1], dtype=np.float32)
+    for i, row in enumerate(logits):
+        np.subtract(row, top[i, 0], out=scratch)  # top[i, 0] is the row's maximum
+        np.exp(scratch, out=scratch)
+        log_z[i, 0] = top[i, 0] + np.log(scratch.sum(dtype=np.float32))
     return ids.astype(np.int32), np.exp(top - log_z).astype(np.float32)
 
 
@@ -80,9 +91,11 @@ def samples_from_result(result: GenerationResult, *, positions: str = "rejected"
     if trace.reject_positions.shape[0] == 0:
         return None
     rows = len(result.prompt_tokens) - 1 + trace.reject_positions.astype(np.int32)
-    k_valid = int((trace.top_ids >= 0).all(axis=0).sum())  # columns padded with -1 (k > n_vocab)
-    return _sample(list(result.prompt_tokens) + list(result.tokens), rows, trace.top_ids[:, :k_valid],
-                   trace.top_probs[:, :k_valid], request, domain)
+    top_ids, top_probs = trace.top_ids, trace.top_probs  # padded with -1 where k > n_vocab
+    inside = (top_ids == trace.reject_tokens[:, None]).any(axis=1)
+    top_ids = np.concatenate([top_ids, np.where(inside, -1, trace.reject_tokens)[:, None]], axis=1)
+    top_probs = np.concatenate([top_probs, np.where(inside, 0.0, trace.reject_probs)[:, None]], axis=1)
+    return _sample(list(result.prompt_tokens) + list(result.tokens), rows, top_ids, top_probs, request, domain)
 
 
 def sample_from_rows(prompt_tokens: Sequence[int], tokens: Sequence[int], logits: np.ndarray, *,
@@ -113,25 +126,37 @@ def _sample(sequence: list[int], rows: np.ndarray, top_ids: np.ndarray, top_prob
 
 
 class ReplayBuffer:
-    """Thread-safe FIFO of TraceSamples, bounded by training positions and by age.
+    """Thread-safe FIFO of TraceSamples, bounded by training positions and by age, and a
+    reservoir of samples already trained on, for rehearsal.
 
     limit: the most positions (rows) held; adding beyond it evicts the oldest samples (the
     newest sample always stays, even when it alone exceeds the limit).
     max_age: samples from more than max_age requests before the newest are evicted (None: no
-    age limit). Nothing else removes samples: a trainer takes a snapshot and removes exactly
+    age limit). Nothing else removes samples: a trainer takes a snapshot and releases exactly
     those samples once their update has been applied (OSD releases its buffer after an update).
+    rehearsal_limit: positions the reservoir of released samples holds (0: none, released
+    samples are dropped). Once full, each released sample replaces random ones with the
+    probability that keeps the reservoir about a uniform sample of everything released so far
+    (reservoir sampling by sample, bounded by positions): an old domain keeps its share.
     """
 
-    def __init__(self, limit: int, max_age: int | None = None) -> None:
+    def __init__(self, limit: int, max_age: int | None = None, *, rehearsal_limit: int = 0, seed: int = 0) -> None:
         if limit < 1:
             raise ValueError(f"buffer limit must be >= 1 position, got {limit}")
         if max_age is not None and max_age < 0:
             raise ValueError(f"max_age must be >= 0 requests or None, got {max_age}")
+        if rehearsal_limit < 0:
+            raise ValueError(f"rehearsal_limit must be >= 0 positions, got {rehearsal_limit}")
         self.limit = limit
         self.max_age = max_age
+        self.rehearsal_limit = rehearsal_limit
         self._samples: list[TraceSample] = []
         self._n_positions = 0
         self.n_evicted = 0  # samples dropped by the limits
+        self._released: list[TraceSample] = []  # the reservoir
+        self._released_positions = 0
+        self._n_released = 0  # samples ever released
+        self._random = random.Random(seed)
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -163,6 +188,47 @@ class ReplayBuffer:
             kept = [s for s in self._samples if id(s) not in gone]
             self._n_positions -= sum(s.n_rows for s in self._samples) - sum(s.n_rows for s in kept)
             self._samples = kept
+
+    def release(self, samples: Iterable[TraceSample]) -> None:
+        """Removes these samples (trained on by an update that reached the engine) and offers
+        each to the rehearsal reservoir."""
+        samples = list(samples)
+        self.remove(samples)
+        with self._lock:
+            for sample in samples:
+                self._offer(sample)
+
+    @property
+    def n_rehearsal_positions(self) -> int:
+        return self._released_positions
+
+    def rehearsal(self, n_positions: int) -> list[TraceSample]:
+        """Random released samples (no repeats) holding about n_positions positions (at least
+        that many, unless the reservoir holds fewer)."""
+        with self._lock:
+            order = self._random.sample(self._released, len(self._released))
+        chosen, total = [], 0
+        for sample in order:
+            if total >= n_positions:
+                break
+            chosen.append(sample)
+            total += sample.n_rows
+        return chosen
+
+    def _offer(self, sample: TraceSample) -> None:  # with self._lock held
+        self._n_released += 1
+        if sample.n_rows == 0 or sample.n_rows > self.rehearsal_limit:
+            return
+        if self._released_positions + sample.n_rows > self.rehearsal_limit:
+            # Keep it with probability (samples held / samples seen), as reservoir sampling
+            # does, and make room by dropping random samples.
+            if self._random.random() >= len(self._released) / self._n_released:
+                return
+            while self._released_positions + sample.n_rows > self.rehearsal_limit:
+                gone = self._released.pop(self._random.randrange(len(self._released)))
+                self._released_positions -= gone.n_rows
+        self._released.append(sample)
+        self._released_positions += sample.n_rows
 
     def _evict(self, newest_request: int) -> None:
         n_old = 0

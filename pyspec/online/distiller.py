@@ -5,28 +5,33 @@ corrections while the engine serves, and the improved draft is swapped in betwee
     distiller = OnlineDistiller(engine, DistillConfig(loss="fkl", train_threads=1), update_interval=8)
     for prompt in stream:
         result = distiller.generate(prompt, max_tokens=128, domain="code")
-    distiller.close()          # waits for a running update
+    distiller.close()          # waits for a running update, ends the training process
     print(distiller.stats())
 
-The loop (OSD Algorithm 1, with the update moved off the serving path):
+The loop (OSD Algorithm 1, with the update moved off the serving path and out of its process):
 
 1. every generation's trace becomes a TraceSample in the replay buffer (buffer.py): the token
-   sequence plus the target's top-k at the rejected positions (or at all positions);
+   sequence plus the target's top-k (and the rejected draft token) at the rejected positions, or
+   the target's top-k at all positions;
 2. when `update_interval` requests have been observed since the last update started, or the
-   buffer holds `buffer_limit` positions, a background thread snapshots the buffer, trains the
-   PyTorch draft on it (trainer.py; loaded once from the engine's draft GGUF and kept between
-   updates), writes a new GGUF (export_gguf: temp file, fsync, atomic rename) and calls
-   Engine.reload_draft, which loads it while generations continue and swaps it in under the
-   engine lock, i.e. between two requests. Generation never waits for training; one update runs
-   at a time per distiller (and per `train_lock`, which a router shares between domains).
-3. a successful update removes exactly the samples it trained on (OSD releases its buffer);
-   samples that arrived meanwhile stay for the next update. A failed update (training, export
-   or reload error) is logged and kept in `last_error` and the stats, the old draft keeps
-   serving, nothing leaves the buffer, and the next update restarts from the serving draft's
-   weights (the PyTorch copy that failed to reach the engine is dropped).
+   buffer holds `buffer_limit` positions, a background thread snapshots the buffer, adds
+   `config.rehearsal` times as many positions of earlier samples from the buffer's reservoir,
+   and sends them to the training process (worker.py: a separate process that owns the PyTorch
+   draft and its optimizer, keeps them between updates, and writes the new GGUF in
+   `config.export_dtype`); then calls Engine.reload_draft on the file it returns, which loads it
+   while generations continue and swaps it in under the engine lock, i.e. between two requests.
+   Generation never waits for training; one update runs at a time per distiller (and per
+   `train_lock`, which a router shares between domains).
+3. a successful update releases exactly the samples it trained on (OSD releases its buffer;
+   with rehearsal they go to the reservoir); samples that arrived meanwhile stay for the next
+   update. A failed update (training, export or reload error, or a training process that died)
+   is logged and kept in `last_error` and the stats, the old draft keeps serving, nothing leaves
+   the buffer, and the training process restarts from the serving draft's weights (a new
+   process if the old one is gone).
 
 Acceptance is tracked over the last `window` requests (OSD reports the last 50), overall and per
-domain tag, with the draft version of every request in `history`.
+domain tag; `history` keeps the last `history_limit` requests with their draft versions.
+The serving process never imports torch: it holds the engine, the buffer and the metrics.
 """
 
 from __future__ import annotations
@@ -36,21 +41,19 @@ import logging
 import os
 import tempfile
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import numpy as np
 
 from ..config import GenerationConfig
 from ..engine import Engine, Prompt
 from ..results import GenerationResult
 from .buffer import ReplayBuffer, TraceSample, samples_from_result
-from .export import export_gguf
-from .model import DraftModel, load_gguf
-from .trainer import DistillConfig, TrainReport, make_optimizer, train
+from .config import DistillConfig, TrainReport
+from .worker import DEFAULT_FACTORY, TrainerExitedError, TrainerProcess
 
 log = logging.getLogger("pyspec.online")
 
@@ -90,28 +93,49 @@ class DistillerStats:
     acceptance_by_domain: dict[str, float | None]
     last_error: str | None        # the last failed update's error, "Type: message"
     last_report: TrainReport | None  # the last successful update's training numbers
+    updates: tuple[UpdateRecord, ...] = ()  # the last `history_limit` updates, oldest first
+
+
+@dataclass(frozen=True)
+class UpdateRecord:
+    """One update, as a server sees it: when it started, how long until the new draft served."""
+
+    started_after: int   # requests observed when it started (it trained on what came before)
+    seconds: float       # wall time from start to swap (or to failure): training, export, reload
+    version: int         # the draft version it made (0: it failed)
+    report: TrainReport | None  # training numbers (None: it failed before training ended)
 
 
 class OnlineDistiller:
     """Distils one of the engine's drafts (slot `draft`, "" = the default draft) online.
 
-    config: DistillConfig (loss, tau, positions, optimisation, train_threads, export_dtype).
-    update_interval: requests between updates (OSD's I). buffer_limit: training positions that
-    trigger an update early and cap the buffer (oldest samples evicted beyond it). max_age:
-    samples older than this many requests are evicted (None: no limit). window: requests in the
-    acceptance averages. work_dir: where trained drafts are written (default: a new temporary
-    directory); the serving file and the one before it are kept, older ones deleted.
-    train_lock: a lock held while training, to keep several distillers from training at once.
+    config: DistillConfig (loss, tau, positions, optimisation, rehearsal, train_threads,
+    export_dtype). update_interval: requests between updates (OSD's I). buffer_limit: training
+    positions that trigger an update early and cap the buffer (oldest samples evicted beyond
+    it). max_age: samples older than this many requests are evicted (None: no limit). window:
+    requests in the acceptance averages; history_limit: requests kept in `history`. work_dir:
+    where trained drafts are written (default: a temporary directory that close() removes; the
+    engine keeps serving the last draft from memory, so copy engine.draft_paths[draft] first to
+    keep it); the serving file and the one before it are kept, older ones deleted. train_lock: a
+    lock held while training, to keep several distillers from training at once. factory: what
+    the training process trains ("module:name", worker.py; default the GGUF draft model).
+
+    generate() uses the request's method (default "auto"). A chain drafts with the draft model
+    every step and so yields a training position at every rejection; "auto" yields rejections
+    only of the proposals it verifies (prompt lookup, phrase pool, the draft model where it
+    pays), usually fewer; positions="all" trains on every generated token whatever the method.
     """
 
     def __init__(self, engine: Engine, config: DistillConfig | None = None, update_interval: int = 8,
                  buffer_limit: int = 4096, max_age: int | None = None, *, draft: str = "",
-                 work_dir: str | os.PathLike[str] | None = None, window: int = 50,
-                 train_lock: threading.Lock | None = None) -> None:
+                 work_dir: str | os.PathLike[str] | None = None, window: int = 50, history_limit: int = 10_000,
+                 train_lock: threading.Lock | None = None, factory: str = DEFAULT_FACTORY) -> None:
         if update_interval < 1:
             raise ValueError(f"update_interval must be >= 1, got {update_interval}")
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
+        if history_limit < 0:
+            raise ValueError(f"history_limit must be >= 0, got {history_limit}")
         if draft not in engine.draft_paths:
             raise ValueError(f"the engine has no draft model in slot {draft!r} to distil "
                              f"(slots: {sorted(engine.draft_paths)})")
@@ -119,11 +143,16 @@ class OnlineDistiller:
         self.config = config or DistillConfig()
         self.draft = draft
         self.update_interval = update_interval
-        self.buffer = ReplayBuffer(buffer_limit, max_age)
+        self.buffer = ReplayBuffer(buffer_limit, max_age,
+                                   rehearsal_limit=self.config.rehearsal_limit if self.config.rehearsal > 0 else 0,
+                                   seed=self.config.seed)
         self.window = window
-        self.work_dir = Path(work_dir) if work_dir is not None else Path(tempfile.mkdtemp(prefix="pyspec-distill-"))
+        self._own_dir = tempfile.TemporaryDirectory(prefix="pyspec-distill-") if work_dir is None else None
+        self.work_dir = Path(self._own_dir.name if self._own_dir is not None else work_dir)
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        self.history: list[RequestRecord] = []
+        self.history: deque[RequestRecord] = deque(maxlen=history_limit)
+        self._updates: deque[UpdateRecord] = deque(maxlen=history_limit)
+        self.factory = factory
         self._train_lock = train_lock or threading.Lock()
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
@@ -135,26 +164,19 @@ class OnlineDistiller:
         self._closed = False
         self._n_updates = 0
         self._n_failed = 0
-        self._n_exports = 0
         self._last_error: str | None = None
         self._last_report: TrainReport | None = None
-        self._written: list[Path] = []  # files this distiller wrote that reached the engine
+        self._written: list[Path] = []  # files the trainer wrote that reached the engine
         self._worker: threading.Thread | None = None
-        # Touched only by the worker thread (one update at a time).
-        self._student: DraftModel | None = None
-        self._optimizer: Any = None
-        self._rng = np.random.default_rng(self.config.seed)
+        # Started now, so that it loads the draft while the first requests are served.
+        self._trainer: TrainerProcess | None = self._start_trainer()
 
     # -- serving ---------------------------------------------------------------------------
 
     def generate(self, prompt: Prompt, config: GenerationConfig | None = None, *, domain: str = "",
-                 **options: Any) -> GenerationResult:
+                 **options: object) -> GenerationResult:
         """Engine.generate with this distiller's draft, then observe(result, domain=domain)."""
         cfg = (config or GenerationConfig()).replace(**options)
-        if cfg.method is None:
-            # The draft learns from its own rejected proposals: draft with it every step ("auto"
-            # would skip it where it does not pay yet, and there would be nothing to learn from).
-            cfg = cfg.replace(method="chain")
         keep_logits = cfg.return_logits
         if cfg.draft != self.draft:
             cfg = cfg.replace(draft=self.draft)
@@ -204,10 +226,10 @@ class OnlineDistiller:
         cfg = self.config
         teacher_logits = None
         if cfg.positions == "all" and cfg.teacher == "evaluate" and result.tokens:
-            # One target pass over prompt + output: row i predicts token i + 1.
+            # One target pass over prompt + output, rows of the output only: row i predicts
+            # generated token i.
             sequence = list(result.prompt_tokens) + list(result.tokens[:-1])
-            rows = self.engine.evaluate(sequence, all_rows=True)
-            teacher_logits = rows[len(result.prompt_tokens) - 1:]
+            teacher_logits = self.engine.evaluate(sequence, all_rows=True, first_row=len(result.prompt_tokens) - 1)
         return samples_from_result(result, positions=cfg.positions, top_k=cfg.top_k,
                                    teacher_logits=teacher_logits, request=index, domain=domain)
 
@@ -235,58 +257,78 @@ class OnlineDistiller:
             return self._idle.wait_for(lambda: not self._updating, timeout)
 
     def close(self, timeout: float | None = None) -> None:
-        """Stops starting updates and waits for a running one. The engine stays open."""
+        """Stops starting updates, waits for a running one, ends the training process and
+        removes the work directory if the distiller made it. The engine stays open."""
         with self._lock:
             self._closed = True
         self.wait(timeout)
+        trainer, self._trainer = self._trainer, None
+        if trainer is not None:
+            trainer.close()
+        if self._own_dir is not None:
+            self._own_dir.cleanup()
+
+    def _start_trainer(self) -> TrainerProcess:
+        return TrainerProcess(self.engine.draft_paths[self.draft], self.config, self.work_dir,
+                              name=self.draft or "default", factory=self.factory)
 
     def _start_update(self) -> None:  # with self._lock held
         samples = self.buffer.snapshot()
+        n_new = sum(s.n_rows for s in samples)
+        rehearsed = self.buffer.rehearsal(int(self.config.rehearsal * n_new)) if self.config.rehearsal > 0 else []
         self._updating = True
         self._since_update = 0
-        self._worker = threading.Thread(target=self._update, args=(samples,), daemon=True,
-                                        name=f"pyspec-distill-{self.draft or 'default'}")
+        self._worker = threading.Thread(target=self._update, args=(samples, rehearsed, self._n_requests),
+                                        daemon=True, name=f"pyspec-distill-{self.draft or 'default'}")
         self._worker.start()
 
-    def _update(self, samples: Sequence[TraceSample]) -> None:
+    def _update(self, samples: Sequence[TraceSample], rehearsed: Sequence[TraceSample], started_after: int) -> None:
         written: Path | None = None
+        t0 = time.perf_counter()
         try:
             with self._train_lock:
-                if self._student is None:
-                    # The weights that serve now; after a failed update this drops the copy that
-                    # never reached the engine.
-                    self._student = load_gguf(self.engine.draft_paths[self.draft])
-                    self._optimizer = make_optimizer(self._student, self.config)
-                report = train(self._student, self._optimizer, samples, self.config, self._rng)
-                self._n_exports += 1
-                written = self.work_dir / f"{self.draft or 'default'}-{self._n_exports}.gguf"
-                export_gguf(self._student, written, dtype=self.config.export_dtype)
+                if self._trainer is None or not self._trainer.alive:
+                    # The old process is gone (or this is the first update after a close of
+                    # it): a new one starts from the serving draft.
+                    self._trainer = self._start_trainer()
+                result = self._trainer.update(samples, rehearsed).result()
+            written = Path(result.path)
             version = self.engine.reload_draft(written, name=self.draft)
         except Exception as exc:  # reported, never raised: serving goes on with the old draft
-            log.error("draft update of slot %r failed; the old draft keeps serving: %s", self.draft, exc,
-                      exc_info=True)
+            log.error("draft update of slot %r failed; the old draft keeps serving: %s", self.draft, exc)
             if written is not None:
                 written.unlink(missing_ok=True)
+            if self._trainer is not None and not isinstance(exc, TrainerExitedError):
+                # Training continues from the weights that serve, not from the ones that failed.
+                self._trainer.reset(self.engine.draft_paths[self.draft]).add_done_callback(_log_failed_reset)
             with self._lock:
                 self._n_failed += 1
                 self._last_error = f"{type(exc).__name__}: {exc}"
-                self._student, self._optimizer = None, None
+                self._updates.append(UpdateRecord(started_after, time.perf_counter() - t0, 0, None))
                 self._updating = False
                 self._idle.notify_all()
             return
-        self.buffer.remove(samples)
-        log.info("draft slot %r: version %d from %d samples (%d positions), loss %.4f -> %.4f in %.1f s",
-                 self.draft, version, report.n_samples, report.n_positions, report.loss_before,
-                 report.loss_after, report.seconds)
+        self.buffer.release(samples)
+        report = result.report
+        log.info("draft slot %r: version %d from %d samples (%d positions, %d rehearsed), loss %.4f -> %.4f "
+                 "in %.1f s + %.1f s export", self.draft, version, report.n_samples, report.n_positions,
+                 report.n_rehearsed, report.loss_before, report.loss_after, report.seconds, report.export_seconds)
         with self._lock:
             self._written.append(written)
             stale, self._written = self._written[:-2], self._written[-2:]
             self._n_updates += 1
             self._last_report = report
+            self._updates.append(UpdateRecord(started_after, time.perf_counter() - t0, version, report))
             self._updating = False
             self._idle.notify_all()
         for path in stale:
             path.unlink(missing_ok=True)
+
+    @property
+    def trainer_pid(self) -> int | None:
+        """The training process's id (None once closed)."""
+        trainer = self._trainer
+        return trainer.pid if trainer is not None else None
 
     # -- metrics ---------------------------------------------------------------------------
 
@@ -307,7 +349,13 @@ class OnlineDistiller:
                 acceptance_by_domain={d: pooled_acceptance(r) for d, r in self._recent_by_domain.items()},
                 last_error=self._last_error,
                 last_report=self._last_report,
+                updates=tuple(self._updates),
             )
+
+
+def _log_failed_reset(future: "Future[None]") -> None:
+    if future.exception() is not None:
+        log.error("the training process could not restart from the serving draft: %s", future.exception())
 
 
 def pooled_acceptance(records: Sequence[RequestRecord] | deque[RequestRecord]) -> float | None:

@@ -135,6 +135,11 @@ class DraftModel(nn.Module):
         x = self.output_norm(x)
         return x[0] if squeeze else x
 
+    def logits_at(self, tokens: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Logits [n_rows, n_vocab] of the rows `rows` ([n_rows] int64) of a forward pass over
+        `tokens` ([n_tokens] int64); the other rows are never projected to the vocabulary."""
+        return F.linear(self.hidden_states(tokens)[rows], self.output_weight)
+
     def gguf_tensors(self) -> dict[str, torch.Tensor]:
         """GGUF tensor name -> parameter, for every tensor the GGUF file holds."""
         named = {}

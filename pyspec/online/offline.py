@@ -102,7 +102,7 @@ def distill_offline(engine: Engine, model: DraftModel, prompts: Sequence[Sequenc
         tokens = student_continuation(model, engine, prompts[i], max_tokens, temperature, generator)
         if not tokens:
             return None
-        rows = engine.evaluate(list(prompts[i]) + tokens[:-1], all_rows=True)[len(prompts[i]) - 1:]
+        rows = engine.evaluate(list(prompts[i]) + tokens[:-1], all_rows=True, first_row=len(prompts[i]) - 1)
         return sample_from_rows(prompts[i], tokens, rows, top_k=config.top_k)
 
     order: list[int] = []

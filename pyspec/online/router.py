@@ -25,7 +25,8 @@ from ..config import GenerationConfig
 from ..engine import Engine, Prompt
 from ..results import GenerationResult
 from .distiller import DistillerStats, OnlineDistiller
-from .trainer import DistillConfig
+from .config import DistillConfig
+from .worker import DEFAULT_FACTORY
 
 _HASH_MUL = np.uint64(0x9E3779B97F4A7C15)
 
@@ -93,7 +94,8 @@ class DomainRouter:
                  config: DistillConfig | None = None, *, update_interval: int = 8, buffer_limit: int = 4096,
                  max_age: int | None = None, window: int = 50, work_dir: str | os.PathLike[str] | None = None,
                  default_domain: str | None = None,
-                 classifier: PromptCentroids | None = None, use_classifier: bool = True) -> None:
+                 classifier: PromptCentroids | None = None, use_classifier: bool = True,
+                 factory: str = DEFAULT_FACTORY) -> None:
         paths = dict(domains) if isinstance(domains, Mapping) else {name: None for name in domains}
         if not paths or any(not name for name in paths):
             raise ValueError("a router needs at least one domain, each with a non-empty name")
@@ -112,7 +114,8 @@ class DomainRouter:
                 engine.reload_draft(source, name=name)
             self.distillers[name] = OnlineDistiller(
                 engine, config, update_interval, buffer_limit, max_age, draft=name, window=window,
-                work_dir=None if work_dir is None else Path(work_dir) / name, train_lock=train_lock)
+                work_dir=None if work_dir is None else Path(work_dir) / name, train_lock=train_lock,
+                factory=factory)
 
     @property
     def domains(self) -> list[str]:
