@@ -56,16 +56,34 @@ def load_stream(spec: str, raw: bool, held_out: int = 0) -> tuple[list[tuple[str
     return stream, rest
 
 
+def distill_config(args: argparse.Namespace) -> Any:
+    from pyspec.online import DistillConfig
+
+    return DistillConfig(loss=args.loss, tau=args.tau, positions=args.positions, lr=args.lr,
+                         lr_schedule=args.lr_schedule, epochs=args.epochs, batch_size=args.batch_size,
+                         rehearsal=args.rehearsal, rehearsal_limit=args.rehearsal_limit,
+                         train_threads=args.train_threads, export_dtype=args.export_dtype)
+
+
+def peak_rss_mb(pid: int | None = None) -> float | None:
+    """Peak resident memory (VmHWM) of a process in MB, from /proc (Linux); None elsewhere."""
+    try:
+        with open(f"/proc/{pid or 'self'}/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
 def run_mode(mode: str, args: argparse.Namespace, stream: list[tuple[str, Any]], work_dir: Path) -> dict[str, Any]:
     import pyspec
-    from pyspec.online import DistillConfig, DomainRouter, OnlineDistiller
+    from pyspec.online import DomainRouter, OnlineDistiller
 
-    config = DistillConfig(loss=args.loss, lr=args.lr, epochs=args.epochs, batch_size=args.batch_size,
-                           train_threads=args.train_threads, export_dtype=args.export_dtype)
-    options = dict(max_tokens=args.max_tokens, method="chain", n_draft=args.n_draft)
+    config = distill_config(args)
+    options = dict(max_tokens=args.max_tokens, method=args.method, n_draft=args.n_draft)
     records: list[dict[str, Any]] = []
-    update_log: list[dict[str, Any]] = []  # each update's training numbers, as seen after a request
-    seen_updates: dict[str, int] = {}
     t0 = time.perf_counter()
     with pyspec.Engine(args.target, draft=args.draft, n_ctx=args.n_ctx, n_threads=args.threads) as engine:
         distiller = router = None
@@ -78,44 +96,57 @@ def run_mode(mode: str, args: argparse.Namespace, stream: list[tuple[str, Any]],
                                   buffer_limit=args.buffer_limit, window=args.window, work_dir=work_dir / mode)
         distillers = [("", distiller)] if distiller else list(router.distillers.items()) if router else []
         for i, (suite, prompt) in enumerate(stream):
+            t_request = time.perf_counter()
             if distiller is not None:
                 result = distiller.generate(prompt, domain=suite, **options)
-                if args.wait_updates:
-                    distiller.wait()
             elif router is not None:
                 result = router.generate(prompt, domain=suite, **options)
-                if args.wait_updates:
-                    router.wait()
             else:
                 result = engine.generate(prompt, **options)
-            for name, d in distillers:
-                st = d.stats()
-                if st.n_updates > seen_updates.get(name, 0) and st.last_report is not None:
-                    seen_updates[name] = st.n_updates
-                    rep = st.last_report
-                    update_log.append({"after_request": i, "domain": name, "draft_version": st.draft_version,
-                                       "loss_before": rep.loss_before, "loss_after": rep.loss_after,
-                                       "n_positions": rep.n_positions, "seconds": rep.seconds})
+            serve_seconds = time.perf_counter() - t_request
+            if args.wait_updates:
+                for _, d in distillers:
+                    d.wait()
             s = result.stats
             records.append({"index": i, "suite": suite, "draft": result.draft, "draft_version": result.draft_version,
                             "n_drafted": s.n_drafted, "n_accepted": s.n_accepted, "n_generated": s.n_generated,
-                            "tokens_per_second": s.tokens_per_second, "tokens": result.tokens})
+                            "n_positions": result.trace.reject_positions.shape[0],
+                            "serve_seconds": serve_seconds, "tokens_per_second": s.tokens_per_second,
+                            "tokens": result.tokens})
             if args.progress:
                 print(f"\r{mode}: {i + 1}/{len(stream)}", end="", file=sys.stderr, flush=True)
         if args.progress:
             print(file=sys.stderr)
         updates: dict[str, Any] = {}
+        update_log: list[dict[str, Any]] = []
         finals: dict[str, str] = {}  # domain ("" = every domain) -> the draft file serving at the end
         for name, d in distillers:
+            d.wait()
+            trainer_peak = peak_rss_mb(d.trainer_pid)
+            finals[name] = keep_draft(engine.draft_paths[d.draft], args.keep_drafts,
+                                      f"{mode}{'-' if name else ''}{name}")
             d.close()
             st = d.stats()
             updates[name] = {"n_updates": st.n_updates, "n_failed_updates": st.n_failed_updates,
-                             "draft_version": st.draft_version, "last_error": st.last_error}
-            finals[name] = keep_draft(engine.draft_paths[d.draft], args.keep_drafts, f"{mode}{'-' if name else ''}{name}")
+                             "draft_version": st.draft_version, "last_error": st.last_error,
+                             "trainer_peak_rss_mb": trainer_peak}
+            domain_records = [r for r in records if not name or r["suite"] == name]
+            for u in st.updates:
+                # the requests of this domain that came before the update, back to the previous one
+                served = [r for r in domain_records if r["index"] < u.started_after][-args.update_interval:]
+                rep = u.report
+                update_log.append({
+                    "domain": name, "after_request": u.started_after - 1, "draft_version": u.version,
+                    "update_seconds": u.seconds, "serve_seconds_of_interval": sum(r["serve_seconds"] for r in served),
+                    **({} if rep is None else {
+                        "loss_before": rep.loss_before, "loss_after": rep.loss_after, "n_positions": rep.n_positions,
+                        "n_rehearsed": rep.n_rehearsed, "lr": rep.lr, "train_seconds": rep.seconds,
+                        "export_seconds": rep.export_seconds})})
         if not finals:
             finals[""] = str(Path(args.draft).resolve()) if Path(args.draft).exists() else args.draft
+    update_log.sort(key=lambda u: u["after_request"])
     return {"mode": mode, "records": records, "updates": updates, "update_log": update_log, "final_drafts": finals,
-            "seconds": time.perf_counter() - t0}
+            "serving_peak_rss_mb": peak_rss_mb(), "seconds": time.perf_counter() - t0}
 
 
 def keep_draft(path: str, folder: str | None, name: str) -> str:
@@ -185,6 +216,33 @@ def auto_eval(args: argparse.Namespace, runs: list[dict[str, Any]], held_out: li
     return {"rows": rows, "summary": summary}
 
 
+def heldout_eval(args: argparse.Namespace, runs: list[dict[str, Any]], held_out: list[tuple[str, Any]]) -> dict[str, Any]:
+    """Acceptance of each mode's final draft on prompts the stream did not contain (the next
+    prompts of each suite): method chain, greedy, the same settings as the stream; a routed mode
+    serves each suite with that suite's draft. One engine holds every final draft as a slot."""
+    import pyspec
+
+    slots = {f"{run['mode']}:{dom}": path for run in runs for dom, path in run["final_drafts"].items()}
+    options = dict(max_tokens=args.max_tokens, method="chain", n_draft=args.n_draft)
+    counts: dict[str, dict[str, list[int]]] = {run["mode"]: {} for run in runs}
+    with pyspec.Engine(args.target, n_ctx=args.n_ctx, n_threads=args.threads, drafts=slots) as engine:
+        for i, (suite, prompt) in enumerate(held_out):
+            for run in runs:
+                mode = run["mode"]
+                slot = f"{mode}:{suite}" if f"{mode}:{suite}" in slots else f"{mode}:"
+                s = engine.generate(prompt, draft=slot, **options).stats
+                drafted_accepted = counts[mode].setdefault(suite, [0, 0])
+                drafted_accepted[0] += s.n_drafted
+                drafted_accepted[1] += s.n_accepted
+            if args.progress:
+                print(f"\rheld-out eval: {i + 1}/{len(held_out)}", end="", file=sys.stderr, flush=True)
+        if args.progress:
+            print(file=sys.stderr)
+    per_suite = {mode: {suite: (a / d if d else None) for suite, (d, a) in by_suite.items()}
+                 for mode, by_suite in counts.items()}
+    return {"n_per_suite": args.heldout, "acceptance": per_suite}
+
+
 def windowed_acceptance(records: list[dict[str, Any]], window: int) -> list[float | None]:
     """Acceptance pooled over the last `window` requests, at every request."""
     out = []
@@ -210,7 +268,20 @@ def summarize(runs: list[dict[str, Any]], window: int) -> dict[str, Any]:
                 "tokens_per_second": sum(r["tokens_per_second"] for r in rs) / len(rs),
             }
         entry = {"final_window_acceptance": series[-1] if series else None, "by_suite": by_suite,
-                 "updates": run["updates"], "seconds": round(run["seconds"], 1)}
+                 "updates": run["updates"], "seconds": round(run["seconds"], 1),
+                 "serving_peak_rss_mb": run.get("serving_peak_rss_mb"),
+                 "training_positions": sum(r["n_positions"] for r in recs)}
+        log = run["update_log"]
+        if log:
+            ratios = [u["update_seconds"] / u["serve_seconds_of_interval"] for u in log if u["serve_seconds_of_interval"]]
+            entry["update_timing"] = {
+                "n_updates": len(log),
+                "mean_update_seconds": sum(u["update_seconds"] for u in log) / len(log),
+                "max_update_seconds": max(u["update_seconds"] for u in log),
+                "mean_serve_seconds_of_interval": sum(u["serve_seconds_of_interval"] for u in log) / len(log),
+                "max_update_over_interval": max(ratios) if ratios else None,
+                "n_updates_slower_than_interval": sum(r >= 1.0 for r in ratios),
+            }
         if base is not None:
             entry["identical_to_static"] = sum(a["tokens"] == b["tokens"] for a, b in zip(recs, base["records"]))
             if series and entry["final_window_acceptance"] is not None:
@@ -220,13 +291,16 @@ def summarize(runs: list[dict[str, Any]], window: int) -> dict[str, Any]:
     return summary
 
 
-def plot(runs: list[dict[str, Any]], window: int, path: str) -> None:
+def plot(runs: list[dict[str, Any]], window: int, path: str, heldout: dict[str, Any] | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    if heldout is None:
+        fig, ax = plt.subplots(figsize=(9, 4.5))
+    else:
+        fig, (ax, bars) = plt.subplots(1, 2, figsize=(13, 4.5), gridspec_kw={"width_ratios": [3, 1.2]})
     for run in runs:
         series = windowed_acceptance(run["records"], window)
         ax.plot(range(len(series)), [float("nan") if v is None else v for v in series], label=run["mode"])
@@ -241,6 +315,18 @@ def plot(runs: list[dict[str, Any]], window: int, path: str) -> None:
     ax.set_ylabel(f"acceptance (last {window} requests)")
     ax.set_ylim(0, 1)
     ax.legend()
+    if heldout is not None:
+        acceptance = heldout["acceptance"]
+        modes = list(acceptance)
+        suites = list(dict.fromkeys(s for m in modes for s in acceptance[m]))
+        width = 0.8 / len(modes)
+        for j, mode in enumerate(modes):
+            values = [acceptance[mode].get(s) or 0.0 for s in suites]
+            bars.bar([i + j * width for i in range(len(suites))], values, width, label=mode)
+        bars.set_xticks([i + width * (len(modes) - 1) / 2 for i in range(len(suites))], suites, fontsize=8)
+        bars.set_ylim(0, 1)
+        bars.set_title(f"final drafts, {heldout['n_per_suite']} held-out prompts per suite", fontsize=9)
+        bars.set_ylabel("acceptance")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -263,11 +349,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--n-draft", type=int, default=4)
     p.add_argument("--raw", action="store_true", help="raw prompt text instead of the chat template")
+    p.add_argument("--method", default="chain", help="generation method of the stream (default chain)")
     p.add_argument("--loss", choices=["fkl", "rkl", "jsd", "ce"], default="fkl")
+    p.add_argument("--tau", type=float, default=1.0)
+    p.add_argument("--positions", choices=["rejected", "all"], default="rejected")
     p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--lr-schedule", choices=["constant", "inverse_sqrt"], default="constant")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=8, help="sequences per optimizer step")
-    p.add_argument("--export-dtype", default="f16")
+    p.add_argument("--rehearsal", type=float, default=0.0,
+                   help="earlier positions replayed per new position in each update (default 0: none)")
+    p.add_argument("--rehearsal-limit", type=int, default=16384, help="positions kept for rehearsal")
+    p.add_argument("--export-dtype", default="source")
     p.add_argument("--update-interval", type=int, default=8)
     p.add_argument("--buffer-limit", type=int, default=4096)
     p.add_argument("--window", type=int, default=50)
@@ -281,6 +374,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="afterwards, serve the next N prompts of each suite with method auto and each mode's "
                         "final draft(s), against plain decoding (tokens/s, draft-model use)")
     p.add_argument("--auto-threads", type=int, default=2, help="engine threads in the auto evaluation")
+    p.add_argument("--heldout", type=int, default=0, metavar="N",
+                   help="afterwards, the acceptance of each mode's final draft(s) on the next N prompts of each suite "
+                        "(method chain)")
     p.add_argument("--keep-drafts", default=None, metavar="DIR", help="copy each mode's final draft(s) here")
     p.add_argument("--json", default=None, metavar="PATH")
     p.add_argument("--plot", default=None, metavar="PATH", help="PNG of acceptance over the stream")
@@ -301,18 +397,27 @@ def main(argv: list[str] | None = None) -> int:
             args.raw = True
         if args.draft is None:
             p.error("--draft is required (see the docstring for deriving a cheap one)")
-        stream, held_out = load_stream(args.stream, args.raw, args.auto_eval)
+        stream, held_out = load_stream(args.stream, args.raw, max(args.auto_eval, args.heldout))
         runs = [run_mode(mode, args, stream, work_dir) for mode in modes]
-        evaluation = auto_eval(args, runs, held_out, work_dir) if args.auto_eval else None
+        by_suite = {}
+        for suite, prompt in held_out:
+            by_suite.setdefault(suite, []).append((suite, prompt))
+        heldout = (heldout_eval(args, runs, [x for xs in by_suite.values() for x in xs[: args.heldout]])
+                   if args.heldout else None)
+        evaluation = (auto_eval(args, runs, [x for xs in by_suite.values() for x in xs[: args.auto_eval]], work_dir)
+                      if args.auto_eval else None)
     summary = summarize(runs, args.window)
+    if heldout is not None:
+        summary["heldout"] = heldout
     if evaluation is not None:
         summary["auto_eval"] = evaluation["summary"]
     print(json.dumps(summary, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps({"args": {k: v for k, v in vars(args).items()}, "summary": summary,
-                                               "runs": runs, "auto_eval": evaluation}, indent=1) + "\n", encoding="utf-8")
+                                               "runs": runs, "heldout": heldout, "auto_eval": evaluation},
+                                              indent=1) + "\n", encoding="utf-8")
     if args.plot:
-        plot(runs, args.window, args.plot)
+        plot(runs, args.window, args.plot, heldout)
     return 0
 
 
