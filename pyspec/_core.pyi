@@ -564,12 +564,12 @@ class Engine:
 
     def evaluate(self, tokens: Sequence[int], use_draft: bool = False, all_rows: bool = False, draft_name: str = '', first_row: int = 0) -> NDArray[numpy.float32]: ...
 
-    def cost_signature(self, use_draft: bool, draft_name: str = '') -> str: ...
-
     def evaluate_hidden(self, tokens: Sequence[int]) -> tuple[NDArray[numpy.float32], NDArray[numpy.float32]]:
         """
         Target logits [n, n_vocab] and hidden states [n, n_hidden] (final norm applied) of every row.
         """
+
+    def cost_signature(self, use_draft: bool, draft_name: str = '') -> str: ...
 
     def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]: ...
 
