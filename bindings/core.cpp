@@ -55,6 +55,8 @@ NB_MODULE(_core, m) {
         } catch (const spec::DecodeError& e) { raise_as("DecodeError", e.what());
         } catch (const spec::ClosedError& e) { raise_as("EngineClosedError", e.what());
         } catch (const spec::PoolFileError& e) { raise_as("PoolFileError", e.what());
+        } catch (const spec::HeadFileError& e) { raise_as("HeadFileError", e.what());
+        } catch (const spec::HeadMismatchError& e) { raise_as("HeadMismatchError", e.what());
         } catch (const spec::Error& e) { raise_as("SpecError", e.what());
         }
     });
@@ -297,6 +299,7 @@ NB_MODULE(_core, m) {
         .def_ro("tokens", &spec::GenerateResult::tokens)
         .def_ro("finish_reason", &spec::GenerateResult::finish_reason)
         .def_ro("draft_version", &spec::GenerateResult::draft_version)
+        .def_ro("head_version", &spec::GenerateResult::head_version)
         .def_ro("stats", &spec::GenerateResult::stats)
         .def_ro("trace", &spec::GenerateResult::trace)
         .def("take_logits", [](spec::GenerateResult& r, size_t n_vocab) {
@@ -307,6 +310,32 @@ NB_MODULE(_core, m) {
     nb::class_<spec::Model>(m, "Model", "A loaded GGUF model and its context (from Engine.load_draft).")
         .def_prop_ro("path", &spec::Model::path)
         .def_prop_ro("n_vocab", &spec::Model::n_vocab);
+
+    nb::class_<spec::DraftHead>(m, "DraftHead", "A loaded draft head (from Engine.load_head).")
+        .def_prop_ro("path", &spec::DraftHead::path)
+        .def_prop_ro("n_embd", &spec::DraftHead::n_embd)
+        .def_prop_ro("n_kept", &spec::DraftHead::n_kept)
+        .def_prop_ro("n_res_layers", &spec::DraftHead::n_res_layers)
+        .def_prop_ro("vocab", &spec::DraftHead::vocab)
+        .def_prop_ro("backend", &spec::DraftHead::backend_name)
+        .def("row_of", &spec::DraftHead::row_of, "token"_a)
+        .def("step", [](spec::DraftHead& head, ConstFloatArray hidden, ConstFloatArray state,
+                        const std::vector<int32_t>& rows) {
+            const size_t n = rows.size(), d = size_t(head.n_embd());
+            if (hidden.ndim() != 2 || state.ndim() != 2 || hidden.shape(0) != n || state.shape(0) != n ||
+                hidden.shape(1) != d || state.shape(1) != d || n == 0) {
+                throw spec::InvalidArgumentError("expected hidden and state [n, n_embd] and rows [n], n >= 1");
+            }
+            std::vector<float> new_state(state.data(), state.data() + n * d);
+            std::vector<float> logits(n * size_t(head.n_kept()));
+            {
+                nb::gil_scoped_release release;
+                head.step(hidden.data(), new_state.data(), rows.data(), int32_t(n), logits.data());
+            }
+            const size_t n_kept = size_t(head.n_kept());
+            return std::make_pair(to_numpy(std::move(logits), {n, n_kept}), to_numpy(std::move(new_state), {n, d}));
+        }, "hidden"_a, "state"_a, "rows"_a,
+           "One head step for n rows: (logits [n, n_kept], new state [n, n_embd]).");
 
     nb::class_<spec::Engine>(m, "Engine")
         .def("__init__", [](spec::Engine* self, const std::string& target, const std::string& draft, int32_t n_ctx,
@@ -390,6 +419,12 @@ NB_MODULE(_core, m) {
         .def("reload_draft", &spec::Engine::reload_draft, "path"_a, "name"_a = "",
              nb::call_guard<nb::gil_scoped_release>())
         .def("remove_draft", &spec::Engine::remove_draft, "name"_a, nb::call_guard<nb::gil_scoped_release>())
+        .def("load_head", &spec::Engine::load_head, "path"_a, nb::call_guard<nb::gil_scoped_release>())
+        .def("swap_head", &spec::Engine::swap_head, "head"_a, nb::call_guard<nb::gil_scoped_release>())
+        .def("remove_head", &spec::Engine::remove_head, nb::call_guard<nb::gil_scoped_release>())
+        .def_prop_ro("has_head", &spec::Engine::has_head)
+        .def_prop_ro("head_version", &spec::Engine::head_version)
+        .def_prop_ro("head_path", &spec::Engine::head_path)
         .def_prop_ro("closed", &spec::Engine::closed)
         .def("describe", [](spec::Engine& e, bool use_draft, const std::string& draft_name) {
             spec::Model& model = use_draft ? e.draft(draft_name) : e.target();

@@ -17,6 +17,8 @@ from .errors import (
     ContextOverflowError,
     DecodeError,
     EngineClosedError,
+    HeadFileError,
+    HeadMismatchError,
     InvalidArgumentError,
     ModelLoadError,
     PoolFileError,
@@ -47,4 +49,6 @@ __all__ = [
     "DecodeError",
     "EngineClosedError",
     "PoolFileError",
+    "HeadFileError",
+    "HeadMismatchError",
 ]

@@ -39,7 +39,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     prompt_text = _read_prompt(args)
     with Engine(args.target, draft=args.draft, n_ctx=args.n_ctx, n_threads=args.threads,
-                n_gpu_layers=args.n_gpu_layers) as engine:
+                n_gpu_layers=args.n_gpu_layers, head=args.head) as engine:
         prompt: Any = [{"role": "user", "content": prompt_text}] if args.chat else prompt_text
         kwargs = dict(
             max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
@@ -80,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="generate text with a target (and draft) model")
     gen.add_argument("--target", required=True, help="GGUF path or registry name")
     gen.add_argument("--draft", default=None, help="GGUF path or registry name of the draft model")
+    gen.add_argument("--head", default=None, help="draft head GGUF for method redrafter (pyspec train-head)")
     src = gen.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--prompt-file", help="file with the prompt text ('-' for stdin)")
@@ -91,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="decoding method: auto (default: per step what pays on this machine, from the cost "
                           "curves of `pyspec calibrate`), chain (draft model chain), tree (draft model token "
                           "tree), beam (draft model beam search), lookup (prompt lookup + phrase pool, no draft "
-                          "model), ouroboros (draft model + phrase pool) or none (plain decoding)")
+                          "model), ouroboros (draft model + phrase pool), redrafter (beam search over a draft "
+                          "head, --head) or none (plain decoding)")
     gen.add_argument("--auto-max-depth", type=int, default=d.auto_max_depth,
                      help=f"auto: longest lookup/pool path considered (default {d.auto_max_depth})")
     gen.add_argument("--auto-max-nodes", type=int, default=d.auto_max_nodes,
@@ -106,8 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"tree: children per expanded node (default {d.tree_branching})")
     gen.add_argument("--tree-expand", type=int, default=d.tree_expand,
                      help=f"tree: frontier nodes expanded per draft decode (default {d.tree_expand})")
-    gen.add_argument("--beams", type=int, default=d.beams, help=f"beam: number of beams K (default {d.beams})")
-    gen.add_argument("--beam-length", type=int, default=d.beam_length, help=f"beam: beam length L (default {d.beam_length})")
+    gen.add_argument("--beams", type=int, default=d.beams,
+                     help=f"beam, redrafter: number of beams K (default {d.beams})")
+    gen.add_argument("--beam-length", type=int, default=d.beam_length,
+                     help=f"beam, redrafter: beam length L (default {d.beam_length})")
     gen.add_argument("--acceptance", choices=["exact", "typical"], default=d.acceptance,
                      help="sampled verification: exact (default) or typical (Medusa; LOSSY, not the target's distribution)")
     gen.add_argument("--typical-epsilon", type=float, default=d.typical_epsilon)
@@ -121,11 +125,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(handler=_cmd_generate)
 
     from . import bench, calibration, demo, data, distill, models
+    from .head import cli as head_cli
 
     demo.register_cli(sub)
     bench.register_cli(sub)
     calibration.register_cli(sub)
     distill.register_cli(sub)
+    head_cli.register_cli(sub)
     models.register_cli(sub)
     data.register_cli(sub)
     return parser

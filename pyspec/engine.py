@@ -60,6 +60,8 @@ class Engine:
     on first use. The draft must share the target's vocabulary (checked at load time).
     drafts: more draft models by name ({"code": path, ...}), for per-request routing with
     generate(..., draft="code"); each is a draft slot like the default one (`draft`, slot "").
+    head: a draft head GGUF trained for this target (`pyspec train-head`) for method="redrafter";
+    reload_head() replaces it while serving.
     n_threads: CPU threads for decoding (default: all cores). n_gpu_layers: layers offloaded when
     llama.cpp was built with a GPU backend. seed: seeds the engine's random stream; pass
     seed=... to generate() to make one call reproducible on its own. prefix_cache: keep each
@@ -83,6 +85,7 @@ class Engine:
         repack: bool | None = None,
         drafts: Mapping[str, str | os.PathLike[str]] | None = None,
         prefix_cache: bool = True,
+        head: str | os.PathLike[str] | None = None,
     ) -> None:
         self.target_path = _resolve(target)
         self.draft_path = _resolve(draft) if draft is not None else None
@@ -107,6 +110,8 @@ class Engine:
                 if not name:
                     raise ValueError("named drafts need a non-empty name; pass the default one as draft=")
                 self.reload_draft(path, name=name)
+            if head is not None:
+                self.reload_head(head)
         except BaseException:
             self._core.close()
             raise
@@ -176,6 +181,44 @@ class Engine:
                 return int(self._core.draft_version(name))
         finally:
             _forward_llama_logs()
+
+    # -- draft head (method "redrafter") ----------------------------------------------------------
+
+    def reload_head(self, path: str | os.PathLike[str]) -> int:
+        """Loads the draft head GGUF at `path` (pyspec train-head makes one) and installs it for
+        method="redrafter"; returns the head's new version.
+
+        As with reload_draft, the file is read and checked against the target while generations
+        go on, and swapped in under the engine lock, between two generations. Any failure
+        (FileNotFoundError, HeadFileError for a file that is not a valid head, HeadMismatchError
+        for a head trained for another target) leaves the old head serving.
+        """
+        if self.closed:
+            raise EngineClosedError("engine is closed")
+        path = os.fspath(path)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"head file not found: {path}")
+        try:
+            head = self._core.load_head(path)  # no lock: generations go on meanwhile
+            with self._lock:
+                self._core.swap_head(head)
+                return int(self._core.head_version)
+        finally:
+            _forward_llama_logs()
+
+    def remove_head(self) -> None:
+        """Frees the draft head (after a running generation ends); its version count stays."""
+        with self._lock:
+            self._core.remove_head()
+
+    @property
+    def head_version(self) -> int:
+        """Heads installed so far: 1 after the first reload_head (or head=), +1 per reload; 0 never."""
+        return int(self._core.head_version)
+
+    @property
+    def head_path(self) -> str | None:
+        return self._core.head_path or None
 
     def remove_draft(self, name: str) -> None:
         """Frees the draft of slot `name` (after a running generation ends); its version count stays."""
@@ -351,6 +394,7 @@ class Engine:
             logits=None if logits is None else np.asarray(logits),
             draft=config.draft,
             draft_version=int(core_result.draft_version),
+            head_version=int(core_result.head_version),
         )
 
 

@@ -35,6 +35,14 @@ class PoolFileError(SpecError, OSError):
     """A phrase pool file cannot be written or read back (missing, truncated, corrupt, other format)."""
 
 
+class HeadFileError(SpecError, OSError):
+    """A draft head file is missing a key or tensor, is not a head GGUF, or has another format version."""
+
+
+class HeadMismatchError(SpecError, ValueError):
+    """A draft head was trained for another target; the message names the first difference."""
+
+
 __all__ = [
     "SpecError",
     "ModelLoadError",
@@ -44,4 +52,6 @@ __all__ = [
     "DecodeError",
     "EngineClosedError",
     "PoolFileError",
+    "HeadFileError",
+    "HeadMismatchError",
 ]

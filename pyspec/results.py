@@ -136,6 +136,7 @@ class GenerationResult:
     logits: np.ndarray | None = field(default=None, repr=False)
     draft: str = ""  # the draft slot asked for ("" = the default draft)
     draft_version: int = 0  # that slot's version when it drafted; 0 when no draft model drafted
+    head_version: int = 0   # the draft head's version when it drafted (method "redrafter"); 0 otherwise
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary (the trace is left out)."""
@@ -146,5 +147,6 @@ class GenerationResult:
             "method": self.method,
             "draft": self.draft,
             "draft_version": self.draft_version,
+            "head_version": self.head_version,
             "stats": self.stats.to_dict(),
         }

@@ -41,6 +41,9 @@ struct Request {
     std::vector<int32_t> target_argmax;
     std::vector<float> row, residual;
     std::vector<int32_t> scratch;
+    // Methods with a draft head: the target's hidden state of the row that chose the last
+    // committed token (empty before the first target decode).
+    std::vector<float> hidden;
 
     Request(const GenerateParams& p, Model& t, Drafter* d, Rng& r)
         : params(p), target(t), drafter(d), rng(r), text(p.stop) {}
@@ -266,6 +269,53 @@ void Engine::remove_draft(const std::string& name) {
     }
 }
 
+std::unique_ptr<DraftHead> Engine::load_head(const std::string& path) const {
+    if (!target_) throw ClosedError("engine is closed");
+    HeadParams params;
+    params.n_threads = params_.model.n_threads;
+    params.use_gpu = params_.model.n_gpu_layers > 0;
+    return std::make_unique<DraftHead>(path, *target_, params);
+}
+
+void Engine::swap_head(std::unique_ptr<DraftHead> head) {
+    check_open();
+    if (!head) throw InvalidArgumentError("swap_head needs a head");
+    if (head->n_embd() != target_->n_hidden()) {
+        throw HeadMismatchError("head " + head->path() + " has width " + std::to_string(head->n_embd()) +
+                                ", the target's hidden state " + std::to_string(target_->n_hidden()));
+    }
+    std::unique_ptr<DraftHead> old;  // freed after the lock is released
+    std::lock_guard<std::mutex> lock(drafts_mutex_);
+    old = std::move(head_);
+    head_ = std::move(head);
+    ++head_version_;
+}
+
+void Engine::reload_head(const std::string& path) { swap_head(load_head(path)); }
+
+void Engine::remove_head() {
+    check_open();
+    std::unique_ptr<DraftHead> old;
+    std::lock_guard<std::mutex> lock(drafts_mutex_);
+    if (!head_) throw InvalidArgumentError("engine has no draft head to remove");
+    old = std::move(head_);
+}
+
+bool Engine::has_head() const {
+    std::lock_guard<std::mutex> lock(drafts_mutex_);
+    return head_ != nullptr;
+}
+
+int64_t Engine::head_version() const {
+    std::lock_guard<std::mutex> lock(drafts_mutex_);
+    return head_version_;
+}
+
+std::string Engine::head_path() const {
+    std::lock_guard<std::mutex> lock(drafts_mutex_);
+    return head_ ? head_->path() : std::string();
+}
+
 std::vector<float> Engine::evaluate(const std::vector<int32_t>& tokens, bool use_draft, bool all_rows,
                                     const std::string& draft_name, int32_t first_row) {
     if (!tokens.empty() && (first_row < 0 || first_row >= int32_t(tokens.size()))) {
@@ -366,6 +416,7 @@ void Engine::close() {
     {
         std::lock_guard<std::mutex> lock(drafts_mutex_);
         for (auto& [name, slot] : drafts_) slot.model.reset();  // versions stay readable
+        head_.reset();
     }
     target_.reset();
 }
@@ -395,6 +446,13 @@ std::unique_ptr<Drafter> Engine::make_drafter(const GenerateParams& params) {
             resources.draft_cost = &drafts_.at(params.draft).cost;
         }
         resources.acceptance = &acceptance_[params.draft];
+    }
+    if (method.needs_head) {
+        if (!head_) {
+            throw InvalidArgumentError("method '" + params.method +
+                                       "' needs a draft head; load one with reload_head (pyspec train-head makes one)");
+        }
+        resources.head = head_.get();
     }
     return method.make(params, resources);
 }
@@ -446,6 +504,7 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
     if (method_uses_draft_model(method, params, has_draft(params.draft))) {
         req.result.draft_version = draft_version(params.draft);
     }
+    if (method.needs_head) req.result.head_version = head_version();
     Stats& stats = req.result.stats;
     stats.n_prompt_tokens = int32_t(prompt.size());
     const DraftShape shape = method.shape(params);
@@ -453,6 +512,13 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
     req.result.prompt_tokens = prompt;
     prefill(req, prompt);
     stats.t_prefill_ms = ms_since(t_start);
+    // Hidden states after the prompt (llama.cpp would otherwise output every prompt row), and
+    // off again however generation ends.
+    struct HiddenOutput {
+        Model& model;
+        explicit HiddenOutput(Model& m, bool on) : model(m) { model.set_hidden_output(on); }
+        ~HiddenOutput() { model.set_hidden_output(false); }
+    } hidden_output(*target_, method.needs_head);
 
     const int32_t n_ctx = target_->n_ctx();
     const int32_t n_batch = target_->params().n_batch;
@@ -469,7 +535,8 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
         const int32_t n_remaining = params.max_tokens - int32_t(req.result.tokens.size());
         const int32_t room = n_ctx - req.n_past - 1;
         DraftRequest dreq{&req.committed, std::min({shape.depth, n_remaining - 1, room}), &params.sampling, &rng_,
-                          std::min({shape.n_nodes, room, n_batch - 1})};
+                          std::min({shape.n_nodes, room, n_batch - 1}),
+                          req.hidden.empty() ? nullptr : req.hidden.data()};
 
         auto t0 = Clock::now();
         req.draft.clear();
@@ -500,6 +567,10 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
             row = node + 1;
         }
         if (running) running = commit_token(req, verdict.next_token, req.target.logits(row), on_text);
+        if (running && method.needs_head) {
+            const float* h = req.target.hidden(row);
+            req.hidden.assign(h, h + req.target.n_hidden());
+        }
         if (drafter && running) drafter->accept(req.committed, n_accepted);
         stats.t_other_ms += ms_since(t0);
     }

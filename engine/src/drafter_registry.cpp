@@ -116,6 +116,10 @@ std::unique_ptr<Drafter> make_beam(const GenerateParams& params, const DrafterRe
     return make_model_beam_drafter(*res.draft, params.beam);
 }
 
+std::unique_ptr<Drafter> make_redrafter(const GenerateParams& params, const DrafterResources& res) {
+    return make_head_beam_drafter(*res.head, params.beam);
+}
+
 std::unique_ptr<Drafter> make_ouroboros(const GenerateParams& params, const DrafterResources& res) {
     return make_ouroboros_drafter(*res.draft, *res.pool, params.pool, params.n_draft);
 }
@@ -133,14 +137,15 @@ bool auto_wants_draft_model(const GenerateParams& params) {
 const std::vector<DrafterMethod>& drafter_methods() {
     using U = DraftModelUse;
     static const std::vector<DrafterMethod> methods = {
-        // name        draft model   wants            curves  shape            validate         make
-        {"auto",       U::optional,  auto_wants_draft_model, true, auto_shape, check_auto,      make_auto},
-        {"none",       U::never,     nullptr,         false,  no_shape,        check_nothing,   nullptr},
-        {"chain",      U::required,  nullptr,         false,  chain_shape,     check_chain,     make_chain},
-        {"tree",       U::required,  nullptr,         false,  tree_shape,      check_tree,      make_tree},
-        {"beam",       U::required,  nullptr,         false,  beam_shape,      check_beam,      make_beam},
-        {"lookup",     U::never,     nullptr,         false,  lookup_shape,    check_lookup,    make_lookup},
-        {"ouroboros",  U::required,  nullptr,         false,  ouroboros_shape, check_ouroboros, make_ouroboros},
+        // name        draft model   wants                   curves head   shape            validate         make
+        {"auto",       U::optional,  auto_wants_draft_model, true,  false, auto_shape,      check_auto,      make_auto},
+        {"none",       U::never,     nullptr,                false, false, no_shape,        check_nothing,   nullptr},
+        {"chain",      U::required,  nullptr,                false, false, chain_shape,     check_chain,     make_chain},
+        {"tree",       U::required,  nullptr,                false, false, tree_shape,      check_tree,      make_tree},
+        {"beam",       U::required,  nullptr,                false, false, beam_shape,      check_beam,      make_beam},
+        {"lookup",     U::never,     nullptr,                false, false, lookup_shape,    check_lookup,    make_lookup},
+        {"ouroboros",  U::required,  nullptr,                false, false, ouroboros_shape, check_ouroboros, make_ouroboros},
+        {"redrafter",  U::never,     nullptr,                false, true,  beam_shape,      check_beam,      make_redrafter},
     };
     return methods;
 }

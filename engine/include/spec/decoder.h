@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "spec/calibrate.h"
+#include "spec/draft_head.h"
 #include "spec/drafter.h"
 #include "spec/model.h"
 #include "spec/phrase_pool.h"
@@ -100,6 +101,7 @@ struct GenerateResult {
     std::vector<int32_t> tokens;         // generated tokens
     std::string finish_reason;           // "stop" | "length" | "cancelled"
     int64_t draft_version = 0;           // version of the draft slot that drafted (0: no draft model)
+    int64_t head_version = 0;            // version of the draft head that drafted (0: no head)
     Stats stats;
     std::vector<StepTrace> trace;
     std::vector<float> logits;           // [n_tokens, n_vocab] when return_logits: the target row
@@ -154,6 +156,20 @@ public:
     // Frees the model of slot `name` (its version count stays); InvalidArgumentError when empty.
     // Like swap_draft, not while generate() runs.
     void remove_draft(const std::string& name);
+
+    // The draft head (method "redrafter", spec/draft_head.h): at most one per engine, trained for
+    // the target. Hot reload in the same two phases as drafts: load_head reads the file and
+    // checks it against the target (HeadFileError, HeadMismatchError) without touching mutable
+    // engine state, so it may run while generate() runs; swap_head installs it and counts a new
+    // version, between generations (not while generate() runs); reload_head does both. Any
+    // failure leaves the old head serving.
+    std::unique_ptr<DraftHead> load_head(const std::string& path) const;
+    void swap_head(std::unique_ptr<DraftHead> head);
+    void reload_head(const std::string& path);
+    void remove_head();  // not while generate() runs; the version count stays
+    bool has_head() const;
+    int64_t head_version() const;  // heads installed so far (0: never one)
+    std::string head_path() const;  // "" without a head
 
     // Generates from already tokenized input. Throws InvalidArgumentError / ContextOverflowError
     // for bad input before touching the models; a cancelled generation returns normally with
@@ -222,6 +238,8 @@ private:
     std::map<std::string, DraftSlot> drafts_;
     std::unique_ptr<PhrasePool> pool_;
     CostCurve target_cost_;
+    std::unique_ptr<DraftHead> head_;  // guarded like the slots: replaced between generations
+    int64_t head_version_ = 0;
     // The auto scheduler's running acceptance statistics per draft slot, across requests.
     std::map<std::string, AcceptanceStats> acceptance_;
     Rng rng_;

@@ -21,6 +21,10 @@ struct DraftRequest {
     const SamplingParams* sampling = nullptr;      // the target's sampling transform (q must match)
     Rng* rng = nullptr;
     int32_t n_nodes_max = 0;                       // tree drafters: at most this many nodes in all
+    // Methods whose table row asks for the target's hidden states (spec/drafter_registry.h):
+    // [n_hidden] the target's last-layer hidden state of the row that chose the last committed
+    // token; null before the request's first target decode. Valid during draft() only.
+    const float* target_hidden = nullptr;
 };
 
 // A chain or a tree of proposed tokens (spec/tree.h).
@@ -115,6 +119,16 @@ std::unique_ptr<Drafter> make_model_beam_drafter(Model& draft_model, const BeamP
 // Throw InvalidArgumentError naming the bad field.
 void validate(const TreeParams& params);
 void validate(const BeamParams& params);
+
+class DraftHead;
+
+// ReDrafter ("redrafter"): beam search over a draft head (spec/draft_head.h) from the target's
+// hidden state (DraftRequest::target_hidden): K beams of L tokens scored by summed head
+// log-probabilities, the first step from the last committed token, each later step all K beams
+// in one head call; then compressed with prefix_match into a tree verified in one target call.
+// Deterministic (one-hot q), so exact under sampling too. Without a hidden state (the first step
+// of a request) it proposes nothing.
+std::unique_ptr<Drafter> make_head_beam_drafter(DraftHead& head, const BeamParams& params);
 
 // Settings of the prompt-lookup drafter. Matches of ngram_max tokens are tried first, then
 // shorter ones down to ngram_min; 1 <= ngram_min <= ngram_max <= kLookupNgramLimit.

@@ -16,6 +16,7 @@ namespace spec {
 struct GenerateParams;
 struct CostCurve;
 class AcceptanceStats;
+class DraftHead;
 class Model;
 class PhrasePool;
 
@@ -48,6 +49,7 @@ struct DrafterResources {
     const CostCurve* target_cost = nullptr;  // needs_cost_curves: measured before the factory runs
     const CostCurve* draft_cost = nullptr;   // needs_cost_curves and a draft: the slot's curve
     AcceptanceStats* acceptance = nullptr;   // needs_cost_curves: the slot's running statistics
+    DraftHead* head = nullptr;               // needs_head: the engine's draft head (loaded)
 };
 
 struct DrafterMethod {
@@ -58,6 +60,9 @@ struct DrafterMethod {
     // The engine measures (or takes the cached) cost curves of the target and, when the draft
     // model is used, of the draft, and passes them with the slot's acceptance statistics.
     bool needs_cost_curves;
+    // Drafts with the engine's draft head; the decoder then keeps the target's hidden states
+    // during generation and passes them in DraftRequest::target_hidden.
+    bool needs_head;
     DraftShape (*shape)(const GenerateParams& params);
     // Throws InvalidArgumentError naming the bad field; the engine checks everything else.
     void (*validate)(const GenerateParams& params, const MethodLimits& limits);

@@ -43,6 +43,17 @@ struct PoolFileError : Error {
     using Error::Error;
 };
 
+// A draft head file is missing, not GGUF, not a head, of another format version, or lacks (or
+// misshapes) a key or tensor.
+struct HeadFileError : Error {
+    using Error::Error;
+};
+
+// A draft head was trained for another target (name, architecture, layers, width, vocabulary).
+struct HeadMismatchError : Error {
+    using Error::Error;
+};
+
 // The engine was used after close().
 struct ClosedError : Error {
     using Error::Error;

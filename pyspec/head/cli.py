@@ -1,0 +1,176 @@
+"""`pyspec train-head`: make the data with the target, train a draft head, export its GGUF."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PROMPTS = ("humaneval[0:120]", "mtbench[0:60]", "gsm8k[0:120]")
+
+
+def _interleave(groups: list[list[Any]]) -> list[Any]:
+    """Round-robin over the groups, so that any prefix mixes them (an interrupted data run)."""
+    out: list[Any] = []
+    for i in range(max((len(g) for g in groups), default=0)):
+        out += [g[i] for g in groups if i < len(g)]
+    return out
+
+
+def _progress(desc: str) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(desc=desc, unit="step", file=sys.stderr, dynamic_ncols=True, disable=None)
+
+
+def run_train_head(args: argparse.Namespace) -> dict[str, Any]:
+    import numpy as np
+    import torch
+
+    from ..config import DEFAULT_TARGET
+    from ..engine import Engine
+    from ..models import resolve_model
+    from .data import DataConfig, iter_sequences, load_prompt_slices, make_training_data, plan_sequences
+    from .gguf_io import export_head, new_head, read_target
+    from .train import TrainConfig, build_examples, coverage, is_held_out, kept_vocabulary, train_head, write_report
+
+    target = resolve_model(args.target or DEFAULT_TARGET)
+    out = Path(args.out)
+    work = Path(args.work_dir) if args.work_dir else out.with_name(out.name + ".work")
+    work.mkdir(parents=True, exist_ok=True)
+    data_dir = Path(args.data)
+    report: dict[str, Any] = {"target": os.path.basename(target), "data": str(data_dir), "out": str(out)}
+
+    # 1. Data: the target's answers, hidden states and distributions (missing sequences only).
+    t0 = time.time()
+    if args.prompts:
+        groups = [load_prompt_slices([spec]) for spec in args.prompts]
+        plan = plan_sequences(_interleave(groups), args.temperatures, args.sampled_every)
+        bar = _progress("data")
+        bar.total = len(plan)
+        with Engine(target, n_threads=args.threads, n_ctx=args.n_ctx) as engine:
+            made = make_training_data(engine, plan, data_dir, DataConfig(max_tokens=args.max_tokens),
+                                      on_sequence=lambda done, total: bar.update(done - bar.n))
+        bar.close()
+        report["data_made"] = made
+    report["data_seconds"] = round(time.time() - t0, 1)
+    sequences = list(iter_sequences(data_dir))
+    if not sequences:
+        raise ValueError(f"no training sequences in {data_dir}; pass --prompts to make some")
+    held = [s for s in sequences if is_held_out(s.prompt_id, args.eval_fraction)]
+    train = [s for s in sequences if not is_held_out(s.prompt_id, args.eval_fraction)]
+    report.update(n_sequences=len(sequences), n_train_sequences=len(train), n_held_out_sequences=len(held))
+
+    # 2. The kept vocabulary (fixed once per work dir, so a resumed run trains the same head).
+    vocab_path = work / "vocab.npy"
+    t1 = time.time()
+    if vocab_path.exists():
+        vocab = np.load(vocab_path)
+    else:
+        vocab = kept_vocabulary(train, args.kept_vocab, _target_vocab_size(target))
+        np.save(vocab_path, vocab)
+    weights = read_target(target, vocab)
+    n_vocab = weights.info.n_vocab
+    report["kept_vocab"] = int(len(vocab))
+    report["coverage_train"] = round(coverage(train, vocab), 4)
+    if held:
+        report["coverage_held_out"] = round(coverage(held, vocab), 4)
+    column_of = np.full(n_vocab, -1, dtype=np.int64)
+    column_of[vocab] = np.arange(len(vocab))
+
+    # 3. Train (resumable) and export.
+    config = TrainConfig(depth=args.depth, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                         eval_fraction=args.eval_fraction, eval_every=args.eval_every, threads=args.train_threads)
+    torch.manual_seed(config.seed)
+    head = new_head(weights, vocab, n_res_layers=args.res_layers, share_output=not args.own_output)
+    train_ex = build_examples(train, column_of, config.depth)
+    held_ex = build_examples(held, column_of, config.depth) if held else None
+    report.update(n_train_examples=train_ex.n, n_held_out_examples=held_ex.n if held_ex else 0,
+                  trainable_parameters=sum(p.numel() for p in head.parameters() if p.requires_grad))
+    bar = _progress("train")
+
+    def on_step(step: int, total: int, loss: float) -> None:
+        bar.total = total
+        bar.update(step - bar.n)
+        bar.set_postfix(loss=f"{loss:.3f}")
+
+    def on_eval(step: int, entry: dict[str, Any]) -> None:
+        if "acc" in entry:
+            bar.write(f"step {step}: held-out loss {entry['loss']:.3f}, acc@1..{config.depth} {entry['acc']}, "
+                      f"chain@1..{config.depth} {entry['chain']}", file=sys.stderr)
+
+    state = train_head(head, train_ex, held_ex, config, work, on_step=on_step, on_eval=on_eval)
+    bar.close()
+    report["train_seconds"] = round(time.time() - t1, 1)
+    report["history"] = state.history
+    export_head(head, weights.info, out, dtype=args.dtype)
+    report["head_bytes"] = out.stat().st_size
+    write_report(work / "report.json", report)
+    return report
+
+
+def _target_vocab_size(target: str) -> int:
+    import gguf
+
+    reader = gguf.GGUFReader(target)
+    return int(len(reader.fields["tokenizer.ggml.tokens"].data))
+
+
+def _cmd_train_head(args: argparse.Namespace) -> int:
+    report = run_train_head(args)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        last = report["history"][-1] if report["history"] else {}
+        print(f"head written to {report['out']} ({report['head_bytes'] / 1e6:.1f} MB); kept vocabulary "
+              f"{report['kept_vocab']} (covers {report.get('coverage_held_out', report['coverage_train']):.1%} of "
+              f"held-out answer tokens); held-out acc@k {last.get('acc')}, chain@k {last.get('chain')}; "
+              f"data {report['data_seconds']:.0f} s, training {report['train_seconds']:.0f} s")
+    return 0
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(x) for x in text.split(",") if x.strip())
+
+
+def register_cli(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "train-head", help="train a ReDrafter draft head for a target (method redrafter)",
+        description="Makes training data with the target (its answers to --prompts, hidden states and "
+                    "top-32 distributions; missing sequences only), trains a recurrent draft head on it "
+                    "(resumable: checkpoints in --work-dir), evaluates it on held-out prompts and writes "
+                    "the head GGUF. Needs PyTorch.")
+    p.add_argument("--target", default=None, help="GGUF path or registry name (default: the registry's default target)")
+    p.add_argument("--data", required=True, help="directory of training sequences (made / extended here)")
+    p.add_argument("--out", required=True, help="head GGUF to write")
+    p.add_argument("--prompts", action="append", default=None,
+                   help=f"prompt slice SUITE[START:STOP] to make data from (repeatable; default none: use "
+                        f"--data as it is). E.g. {' '.join('--prompts ' + s for s in DEFAULT_PROMPTS)}")
+    p.add_argument("--max-tokens", type=int, default=128, help="answer length per sequence (default 128)")
+    p.add_argument("--temperatures", type=_floats, default=(0.0, 0.8),
+                   help="decoding of the answers: 0 greedy, > 0 sampled (default 0,0.8)")
+    p.add_argument("--sampled-every", type=int, default=3, help="sampled answers for every N-th prompt (default 3)")
+    p.add_argument("--kept-vocab", type=int, default=16384, help="tokens the head predicts (default 16384)")
+    p.add_argument("--res-layers", type=int, default=1, help="ResNet layers (default 1)")
+    p.add_argument("--own-output", action="store_true",
+                   help="train an output matrix of its own instead of sharing the target's (frozen)")
+    p.add_argument("--depth", type=int, default=5, help="draft steps trained (default 5)")
+    p.add_argument("--epochs", type=float, default=3.0)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--eval-fraction", type=float, default=0.08, help="share of prompts held out (default 0.08)")
+    p.add_argument("--eval-every", type=int, default=100, help="steps between held-out evaluations")
+    p.add_argument("--dtype", choices=["f32", "f16", "q8_0"], default="q8_0", help="matrix type in the GGUF")
+    p.add_argument("--work-dir", default=None, help="checkpoints, kept vocabulary, report (default OUT.work)")
+    p.add_argument("--threads", type=int, default=None, help="llama.cpp threads for the data")
+    p.add_argument("--train-threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    p.add_argument("--n-ctx", type=int, default=4096)
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(handler=_cmd_train_head)

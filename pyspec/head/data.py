@@ -1,0 +1,200 @@
+"""Training data for a draft head, made by the target itself.
+
+For each prompt the target generates an answer (greedy, or sampled at a temperature), then the
+prompt + answer is evaluated once more from scratch with hidden states on
+(`Engine.evaluate_hidden`): row j of that pass holds the target's last-layer hidden state after
+token j (final norm applied) and its distribution of token j + 1. A head learns to predict the
+answer's later tokens from those rows, so only the rows from the last prompt token on are kept:
+
+- `tokens` [n_tokens] int32: prompt + answer;
+- `first_row`: the index of the last prompt token (row first_row predicts the first answer token);
+- `hidden` [n_rows, n_hidden] float16: hidden states of rows first_row .. n_tokens - 1;
+- `top_ids` / `top_probs` [n_rows, top_k]: the target's top-k distribution (temperature 1) at
+  those rows, the distillation target (the full row has n_vocab entries; the top 32 hold nearly
+  all of the mass of this target's rows and cost 200 bytes instead of 600 KB).
+
+One .npz file per sequence in a directory, written atomically, so an interrupted run resumes
+where it stopped and a run with more prompts adds to an existing directory.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from ..data import Prompt
+    from ..engine import Engine
+
+log = logging.getLogger(__name__)
+
+_SLICE = re.compile(r"^(?P<suite>[a-z0-9_]+)(\[(?P<start>\d*):(?P<stop>\d*)\])?$")
+
+
+def parse_suite_slice(spec: str) -> tuple[str, int, int | None]:
+    """'humaneval[0:120]' -> ('humaneval', 0, 120); 'gsm8k' -> ('gsm8k', 0, None)."""
+    match = _SLICE.match(spec.strip())
+    if not match:
+        raise ValueError(f"bad prompt slice {spec!r}; expected SUITE or SUITE[START:STOP], e.g. humaneval[0:120]")
+    start = int(match["start"]) if match["start"] else 0
+    stop = int(match["stop"]) if match["stop"] else None
+    if stop is not None and stop < start:
+        raise ValueError(f"bad prompt slice {spec!r}: stop < start")
+    return match["suite"], start, stop
+
+
+def load_prompt_slices(specs: Sequence[str]) -> list["Prompt"]:
+    """The prompts of several suite slices, in order."""
+    from ..data import load_suite
+
+    prompts: list[Prompt] = []
+    for spec in specs:
+        suite, start, stop = parse_suite_slice(spec)
+        prompts.extend(load_suite(suite, stop)[start:stop])
+    return prompts
+
+
+@dataclass(frozen=True)
+class SequenceSpec:
+    """One training sequence to make: a prompt and how to answer it."""
+
+    prompt_id: str
+    temperature: float  # 0: greedy
+    seed: int
+
+    @property
+    def key(self) -> str:
+        """File name stem: stable across runs, unique per (prompt, decoding)."""
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", self.prompt_id)
+        return f"{safe}__t{self.temperature:g}__s{self.seed}"
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    max_tokens: int = 128
+    top_k: int = 32             # stored distribution entries per row
+    chat: bool = True           # prompts through the target's chat template
+
+
+@dataclass
+class HeadSequence:
+    """One stored sequence (see the module docstring for the fields)."""
+
+    tokens: np.ndarray
+    first_row: int
+    hidden: np.ndarray
+    top_ids: np.ndarray
+    top_probs: np.ndarray
+    prompt_id: str = ""
+    temperature: float = 0.0
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.hidden.shape[0])
+
+
+def top_k_rows(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k ids (likeliest first) and their softmax probabilities, per row of [n, n_vocab]."""
+    k = min(k, logits.shape[1])
+    ids = np.argpartition(-logits, k - 1, axis=1)[:, :k]
+    picked = np.take_along_axis(logits, ids, axis=1)
+    order = np.argsort(-picked, axis=1, kind="stable")
+    ids = np.take_along_axis(ids, order, axis=1)
+    picked = np.take_along_axis(picked, order, axis=1)
+    peak = logits.max(axis=1, keepdims=True)
+    norm = np.exp(logits - peak).sum(axis=1, keepdims=True)
+    probs = np.exp(picked - peak) / norm
+    return ids.astype(np.int32), probs.astype(np.float16)
+
+
+def make_sequence(engine: "Engine", prompt_tokens: list[int], spec: SequenceSpec, config: DataConfig) -> HeadSequence:
+    """Generates the target's answer and evaluates prompt + answer with hidden states."""
+    # Plain decoding or auto (lookup and pool, no draft model) give the same tokens; auto is faster.
+    result = engine.generate(prompt_tokens, method="auto", auto_draft_model=False, max_tokens=config.max_tokens,
+                             temperature=spec.temperature, seed=spec.seed if spec.temperature > 0 else None,
+                             trace_top_k=0)
+    tokens = list(prompt_tokens) + list(result.tokens)
+    first_row = len(prompt_tokens) - 1
+    logits, hidden = engine.evaluate_hidden(tokens)
+    ids, probs = top_k_rows(logits[first_row:], config.top_k)
+    return HeadSequence(
+        tokens=np.asarray(tokens, dtype=np.int32), first_row=first_row,
+        hidden=hidden[first_row:].astype(np.float16), top_ids=ids, top_probs=probs,
+        prompt_id=spec.prompt_id, temperature=spec.temperature,
+    )
+
+
+def save_sequence(seq: HeadSequence, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez(tmp, tokens=seq.tokens, first_row=np.int64(seq.first_row), hidden=seq.hidden,
+             top_ids=seq.top_ids, top_probs=seq.top_probs, prompt_id=np.str_(seq.prompt_id),
+             temperature=np.float32(seq.temperature))
+    os.replace(tmp, path)
+
+
+def load_sequence(path: Path) -> HeadSequence:
+    with np.load(path) as f:
+        return HeadSequence(tokens=f["tokens"], first_row=int(f["first_row"]), hidden=f["hidden"],
+                            top_ids=f["top_ids"], top_probs=f["top_probs"], prompt_id=str(f["prompt_id"]),
+                            temperature=float(f["temperature"]))
+
+
+def iter_sequences(data_dir: str | os.PathLike[str]) -> Iterator[HeadSequence]:
+    for path in sorted(Path(data_dir).glob("*.npz")):
+        if not path.name.endswith(".tmp.npz"):
+            yield load_sequence(path)
+
+
+def plan_sequences(prompts: Sequence["Prompt"], temperatures: Sequence[float], sampled_every: int = 1
+                   ) -> list[tuple["Prompt", SequenceSpec]]:
+    """Greedy (temperature 0) answers for every prompt, sampled ones (each temperature > 0) for
+    every `sampled_every`-th prompt; seeds are the prompt's index, so a plan is reproducible."""
+    plan = []
+    for i, prompt in enumerate(prompts):
+        for t in temperatures:
+            if t == 0.0 or i % sampled_every == 0:
+                plan.append((prompt, SequenceSpec(prompt.id, float(t), seed=i)))
+    return plan
+
+
+def make_training_data(
+    engine: "Engine",
+    plan: Sequence[tuple["Prompt", SequenceSpec]],
+    out_dir: str | os.PathLike[str],
+    config: DataConfig = DataConfig(),
+    *,
+    on_sequence: Callable[[int, int], None] | None = None,
+) -> int:
+    """Writes one file per planned sequence into out_dir, skipping those already there.
+
+    Returns the number of sequences made now. on_sequence(done, total) reports progress.
+    The directory records the target and settings in meta.json; a directory made for another
+    target or with other settings is refused (ValueError) rather than mixed.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"target": os.path.basename(engine.target_path), "n_vocab": engine.n_vocab, "config": asdict(config)}
+    meta_path = out / "meta.json"
+    if meta_path.exists():
+        old = json.loads(meta_path.read_text())
+        if old != json.loads(json.dumps(meta)):
+            raise ValueError(f"{out} holds data made with other settings: {old} (now {meta})")
+    else:
+        meta_path.write_text(json.dumps(meta, indent=1))
+    made = 0
+    for done, (prompt, spec) in enumerate(plan):
+        path = out / f"{spec.key}.npz"
+        if not path.exists():
+            tokens = engine.prompt_tokens(prompt.render(config.chat))
+            save_sequence(make_sequence(engine, tokens, spec, config), path)
+            made += 1
+        if on_sequence:
+            on_sequence(done + 1, len(plan))
+    return made

@@ -1,0 +1,282 @@
+"""ReDrafter draft heads on the tiny models: PyTorch and the engine compute the same head (golden
+logits), training on data made by the target helps, method "redrafter" keeps greedy output
+identical and sampled output distributed as the target's, heads reload while serving, and bad
+head files are refused with the old head kept."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_cli import pyspec_cli
+from test_greedy import PROMPTS
+from test_sampling import check_first_two_tokens
+
+import pyspec
+from pyspec import HeadFileError, HeadMismatchError, InvalidArgumentError
+from pyspec._models.tiny import build_tiny_model
+from pyspec.data import Prompt
+
+torch = pytest.importorskip("torch")
+
+from pyspec.head.data import DataConfig, iter_sequences, make_training_data, plan_sequences  # noqa: E402
+from pyspec.head.gguf_io import export_head, load_head, new_head, read_target  # noqa: E402
+from pyspec.head.train import (  # noqa: E402
+    TrainConfig, build_examples, evaluate, is_held_out, kept_vocabulary, train_head,
+)
+
+N_VOCAB = 459  # the tiny models' vocabulary
+KEPT = 300     # the head predicts these many of them (the rest share one embedding row)
+WORDS = "the quick brown fox jumps over lazy dog def return sum list when model answer".split()
+
+
+def tiny_prompts(n: int, seed: int = 0) -> list[Prompt]:
+    rng = np.random.default_rng(seed)
+    return [Prompt(id=f"tiny/{i}", suite="tiny", text=" ".join(rng.choice(WORDS, 6)), messages=[]) for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def head_files(tmp_path_factory: pytest.TempPathFactory, tiny_target: str) -> dict[str, object]:
+    """An untrained and a trained head for the tiny target (data made by the target: greedy and
+    sampled answers), in f32 and q8_0, and the held-out evaluation before and after training."""
+    work = tmp_path_factory.mktemp("head")
+    with pyspec.Engine(tiny_target, n_ctx=512, n_threads=2) as engine:
+        make_training_data(engine, plan_sequences(tiny_prompts(60), (0.0, 1.0), 2), work / "data",
+                           DataConfig(max_tokens=48, chat=False))
+    seqs = list(iter_sequences(work / "data"))
+    train = [s for s in seqs if not is_held_out(s.prompt_id, 0.15)]
+    held = [s for s in seqs if is_held_out(s.prompt_id, 0.15)]
+    vocab = kept_vocabulary(train, KEPT, N_VOCAB)
+    weights = read_target(tiny_target, vocab)
+    column_of = np.full(N_VOCAB, -1)
+    column_of[vocab] = np.arange(len(vocab))
+    torch.manual_seed(0)
+    head = new_head(weights, vocab, n_res_layers=2)
+    export_head(head, weights.info, work / "untrained.gguf", dtype="f32")
+    held_ex = build_examples(held, column_of, 5)
+    before = evaluate(head, held_ex)
+    state = train_head(head, build_examples(train, column_of, 5), held_ex,
+                       TrainConfig(epochs=6, batch_size=64, lr=3e-3, eval_every=10**6), work / "train")
+    files = {"untrained": work / "untrained.gguf", "f32": work / "f32.gguf", "q8_0": work / "q8_0.gguf"}
+    export_head(head, weights.info, files["f32"], dtype="f32")
+    export_head(head, weights.info, files["q8_0"], dtype="q8_0")
+    return {"files": {k: str(v) for k, v in files.items()}, "head": head.eval(), "before": before,
+            "after": state.history[-1], "dir": work}
+
+
+@pytest.fixture(scope="module")
+def head_engine(tiny_target: str, head_files: dict[str, object]):
+    with pyspec.Engine(tiny_target, n_ctx=1024, n_threads=2, head=head_files["files"]["f32"]) as engine:
+        yield engine
+
+
+def test_training_improves_held_out_prediction(head_files: dict[str, object]) -> None:
+    before, after = head_files["before"], head_files["after"]
+    assert after["loss"] < before["loss"] - 1.0
+    # acc@1 of the trained head on held-out prompts well above the untrained one's.
+    assert after["acc"][0] > before["acc"][0] + 0.25, (before, after)
+    assert after["chain"][1] > before["chain"][1]
+
+
+@pytest.mark.parametrize("dtype,atol", [("f32", 1e-4), ("q8_0", None)])
+def test_engine_head_equals_pytorch_head(head_engine, head_files: dict[str, object], dtype: str, atol) -> None:
+    """Golden logits: the same hidden states and tokens through the PyTorch head and the engine's
+    ggml head, three recurrent steps. f32 weights agree to float rounding; q8_0 weights (and
+    ggml's q8_0 activations) move logits by ~1e-2 relative, and the top token agrees except at
+    near-ties."""
+    head = head_files["head"]
+    core = head_engine._core.load_head(head_files["files"][dtype])
+    tokens = head_engine.tokenize(PROMPTS[2])
+    _, hidden = head_engine.evaluate_hidden(tokens)
+    n, d = hidden.shape
+    state = np.zeros((n, d), np.float32)
+    t_state = torch.zeros(n, d)
+    x = torch.from_numpy(hidden)
+    for step in range(3):
+        toks = tokens[step:] + tokens[:step]  # different previous tokens each step
+        logits, state = core.step(hidden, state, [core.row_of(t) for t in toks])
+        with torch.no_grad():
+            ref, t_state = head.step(x, t_state, head.row_of[torch.tensor(toks)])
+        ref = ref.numpy()
+        assert logits.shape == ref.shape == (n, KEPT)
+        if atol is not None:
+            np.testing.assert_allclose(logits, ref, atol=atol)
+            np.testing.assert_allclose(state, t_state.numpy(), atol=atol)
+        else:
+            scale = np.abs(ref).max()
+            assert np.abs(logits - ref).max() < 0.03 * scale
+            top2 = np.sort(ref, axis=1)[:, -2:]
+            flips = np.flatnonzero(logits.argmax(1) != ref.argmax(1))
+            assert all(top2[i, 1] - top2[i, 0] < 0.05 * scale for i in flips), flips
+            state = t_state.numpy().astype(np.float32)  # keep the q8_0 run on the reference path
+
+
+def test_untrained_and_trained_head_in_the_engine(head_engine, head_files: dict[str, object]) -> None:
+    """The engine drafts with what the head learned: acceptance rises after training."""
+    rates = {}
+    for name in ("untrained", "f32"):
+        head_engine.reload_head(head_files["files"][name])
+        r = head_engine.generate(PROMPTS[0], max_tokens=64, method="redrafter", beams=2, beam_length=4)
+        rates[name] = r.stats.acceptance_rate
+    assert rates["f32"] > rates["untrained"] + 0.1, rates
+
+
+@pytest.mark.parametrize("beams,length", [(1, 5), (2, 5), (4, 5), (3, 2)])
+def test_redrafter_greedy_equals_plain(head_engine, beams: int, length: int) -> None:
+    for prompt in PROMPTS:
+        plain = head_engine.generate(prompt, max_tokens=48, method="none")
+        spec = head_engine.generate(prompt, max_tokens=48, method="redrafter", beams=beams, beam_length=length)
+        assert spec.tokens == plain.tokens, (beams, length, prompt)
+        s = spec.stats
+        assert s.n_generated == s.n_accepted + s.n_target_calls
+        assert s.n_candidate_tokens <= beams * length * s.n_target_calls
+        assert spec.head_version == head_engine.head_version > 0
+
+
+def test_redrafter_accepts_and_compresses(head_engine) -> None:
+    r = head_engine.generate(PROMPTS[1], max_tokens=64, method="redrafter", beams=4, beam_length=5)
+    s = r.stats
+    assert s.n_accepted > 0 and s.tokens_per_target_call > 1.3
+    assert s.compression_ratio > 1.0  # beams share prefixes: fewer tree nodes than beam tokens
+    assert s.n_empty_drafts >= 1       # the first step has no hidden state yet: a plain step
+
+
+def test_redrafter_samples_target_distribution(head_engine) -> None:
+    """Joint distribution of the first two sampled tokens (T = 1, top_k 6): the second is
+    drafted by the head's beams (deterministic candidates) and verified exactly."""
+    prompt = head_engine.tokenize(PROMPTS[0])
+    _, _, n_accepted, _ = check_first_two_tokens(head_engine, prompt, method="redrafter", beams=2, beam_length=3)
+    assert n_accepted > 0
+
+
+def test_seeded_redrafter_samples_what_plain_decoding_samples(head_engine) -> None:
+    """Beam candidates are one-hot proposals, verified with one draw from the target per position,
+    so a seeded sampled request emits exactly plain decoding's tokens."""
+    for seed in range(5):
+        options = dict(max_tokens=40, temperature=0.8, top_p=0.95, seed=seed)
+        plain = head_engine.generate(PROMPTS[2], method="none", **options)
+        spec = head_engine.generate(PROMPTS[2], method="redrafter", beams=3, beam_length=4, **options)
+        assert spec.tokens == plain.tokens
+        assert spec.stats.n_accepted > 0 or seed > 0
+
+
+def test_reload_head_while_serving(tiny_target: str, head_files: dict[str, object]) -> None:
+    """A new head loads while a generation runs and serves from the next request; the running one
+    finishes with the head it started with, and its output stays the target's."""
+    files = head_files["files"]
+    with pyspec.Engine(tiny_target, n_ctx=1024, n_threads=2, head=files["untrained"]) as engine:
+        assert engine.head_version == 1
+        plain = engine.generate(PROMPTS[2], max_tokens=200, method="none").tokens
+        started = threading.Event()
+        pieces: list[str] = []
+        stream = engine.stream(PROMPTS[2], max_tokens=200, method="redrafter", beams=2, beam_length=4)
+
+        def consume() -> None:
+            for piece in stream:
+                pieces.append(piece)
+                started.set()
+
+        worker = threading.Thread(target=consume)
+        worker.start()
+        started.wait(timeout=30)
+        version = engine.reload_head(files["f32"])  # loads now; swaps when the stream is done
+        worker.join()
+        assert version == 2 == engine.head_version
+        assert stream.result is not None and stream.result.head_version == 1
+        assert stream.result.tokens == plain
+        after = engine.generate(PROMPTS[2], max_tokens=200, method="redrafter", beams=2, beam_length=4)
+        assert after.head_version == 2 and after.tokens == plain
+        assert after.stats.acceptance_rate > stream.result.stats.acceptance_rate
+
+
+def test_bad_head_files_keep_the_old_head(tmp_path: Path, tiny_target: str, head_files: dict[str, object]) -> None:
+    files = head_files["files"]
+    good = Path(files["f32"]).read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(good[: len(good) - 4096])
+    not_gguf = tmp_path / "notes.gguf"
+    not_gguf.write_text("not a head")
+    # A head for another target: same vocabulary, other weights and width.
+    other_target = build_tiny_model(tmp_path / "wide.gguf", seed=5, n_embd=96)
+    other_vocab = np.arange(0, KEPT)
+    other = new_head(read_target(other_target, other_vocab), other_vocab)
+    other_path = export_head(other, read_target(other_target, other_vocab).info, tmp_path / "other.gguf", dtype="f32")
+    with pyspec.Engine(tiny_target, n_ctx=512, n_threads=2, head=files["f32"]) as engine:
+        before = engine.generate(PROMPTS[0], max_tokens=30, method="redrafter")
+        cases = [
+            (tmp_path / "missing.gguf", FileNotFoundError, "not found"),
+            (not_gguf, HeadFileError, "not a GGUF file"),
+            (cut, HeadFileError, "truncated"),
+            (tiny_target, HeadFileError, "not a draft head"),
+            (other_path, HeadMismatchError, "hidden width '96'"),
+        ]
+        for path, error, message in cases:
+            with pytest.raises(error, match=message):
+                engine.reload_head(path)
+            assert engine.head_version == 1 and engine.head_path == files["f32"]
+        after = engine.generate(PROMPTS[0], max_tokens=30, method="redrafter")
+        assert after.tokens == before.tokens and after.stats.n_accepted == before.stats.n_accepted
+
+
+def test_head_for_a_renamed_target_is_refused(tmp_path: Path, tiny_target: str, head_files: dict[str, object]) -> None:
+    """The file names its target; the same weights under another general.name are another target."""
+    import gguf
+
+    renamed = tmp_path / "renamed.gguf"
+    data = bytearray(Path(tiny_target).read_bytes())
+    reader = gguf.GGUFReader(tiny_target)
+    field = reader.fields["general.name"]
+    part = field.parts[field.data[0]]
+    offset = part.ctypes.data - reader.data.ctypes.data
+    data[offset: offset + len(part)] = b"X" * len(part)
+    renamed.write_bytes(bytes(data))
+    with pyspec.Engine(str(renamed), n_ctx=256, n_threads=2) as engine:
+        with pytest.raises(HeadMismatchError, match="name 'pyspec-tiny'"):
+            engine.reload_head(head_files["files"]["f32"])
+        assert engine.head_version == 0
+
+
+def test_redrafter_without_a_head(tiny_target: str) -> None:
+    with pyspec.Engine(tiny_target, n_ctx=256, n_threads=2) as engine:
+        with pytest.raises(InvalidArgumentError, match="needs a draft head"):
+            engine.generate("hello", method="redrafter")
+        with pytest.raises(InvalidArgumentError, match="beam n_beams"):
+            engine.generate("hello", method="redrafter", beams=0)
+
+
+def test_head_gguf_round_trip(head_files: dict[str, object]) -> None:
+    head = head_files["head"]
+    loaded, info = load_head(head_files["files"]["f32"])
+    assert info.name == "pyspec-tiny" and info.n_vocab == N_VOCAB
+    assert torch.equal(loaded.vocab, head.vocab)
+    for (name, a), (_, b) in zip(sorted(head.state_dict().items()), sorted(loaded.state_dict().items())):
+        assert torch.allclose(a, b), name
+
+
+def test_train_head_command_makes_data_trains_resumes_and_exports(tmp_path: Path, tiny_target: str) -> None:
+    """`pyspec train-head` end to end on the tiny target (HumanEval prompts through its chat
+    template): data, training, held-out report, the GGUF; a second run resumes (no new data, no
+    new steps) and `pyspec generate --head` drafts with the result."""
+    import json
+
+    args = ["train-head", "--target", tiny_target, "--data", str(tmp_path / "data"), "--out", str(tmp_path / "h.gguf"),
+            "--prompts", "humaneval[0:8]", "--max-tokens", "24", "--kept-vocab", "200", "--epochs", "3",
+            "--batch-size", "32", "--eval-fraction", "0.25", "--eval-every", "5", "--dtype", "f32", "--threads", "2",
+            "--json"]
+    first = pyspec_cli(*args)
+    assert first.returncode == 0, first.stderr
+    report = json.loads(first.stdout)
+    assert report["data_made"] == 8 + 3  # greedy for 8 prompts, sampled for every 3rd
+    assert report["kept_vocab"] == 200 and 0 < report["coverage_train"] <= 1
+    assert report["n_held_out_sequences"] > 0 and "acc" in report["history"][-1]
+    steps = report["history"][-1]["step"]
+    again = pyspec_cli(*args)
+    assert again.returncode == 0, again.stderr
+    resumed = json.loads(again.stdout)
+    assert resumed["data_made"] == 0 and resumed["history"][-1]["step"] == steps
+    gen = pyspec_cli("generate", "--target", tiny_target, "--head", str(tmp_path / "h.gguf"), "--prompt", "def f():",
+                     "--max-tokens", "16", "--method", "redrafter", "--beams", "2", "--json")
+    assert gen.returncode == 0, gen.stderr
+    assert json.loads(gen.stdout)["head_version"] == 1
