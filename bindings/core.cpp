@@ -159,15 +159,15 @@ NB_MODULE(_core, m) {
     m.attr("MAX_TREE_NODES") = spec::kMaxTreeNodes;
 
     m.def("drafter_methods", [] {
-        std::vector<std::pair<std::string, std::string>> out;
+        std::vector<std::tuple<std::string, std::string, bool>> out;
         for (const spec::DrafterMethod& method : spec::drafter_methods()) {
             const char* use = method.draft_model == spec::DraftModelUse::required ? "required"
                             : method.draft_model == spec::DraftModelUse::optional ? "optional" : "never";
-            out.emplace_back(method.name, use);
+            out.emplace_back(method.name, use, method.needs_head);
         }
         return out;
-    }, "The engine's drafting methods in display order, each with its draft-model use "
-       "('never', 'required', 'optional').");
+    }, "The engine's drafting methods in display order: (name, draft-model use 'never' | 'required' | "
+       "'optional', needs a draft head).");
 
     nb::class_<spec::TreeParams>(m, "TreeParams")
         .def(nb::init<>())

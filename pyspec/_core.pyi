@@ -128,9 +128,9 @@ def beams_to_tree(beams: Sequence[int], n_beams: int, length: int) -> BeamTree: 
 
 MAX_TREE_NODES: int = 63
 
-def drafter_methods() -> list[tuple[str, str]]:
+def drafter_methods() -> list[tuple[str, str, bool]]:
     """
-    The engine's drafting methods in display order, each with its draft-model use ('never', 'required', 'optional').
+    The engine's drafting methods in display order: (name, draft-model use 'never' | 'required' | 'optional', needs a draft head).
     """
 
 class TreeParams:

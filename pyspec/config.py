@@ -10,9 +10,10 @@ from typing import Any
 from . import _core
 
 # The engine's drafting methods, from its registration table (engine/src/drafter_registry.cpp).
-METHODS = tuple(name for name, _ in _core.drafter_methods())
-# The methods that cannot run without a draft model.
-METHODS_NEEDING_DRAFT = tuple(name for name, use in _core.drafter_methods() if use == "required")
+METHODS = tuple(name for name, _, _ in _core.drafter_methods())
+# The methods that cannot run without a draft model, and those that need a draft head.
+METHODS_NEEDING_DRAFT = tuple(name for name, use, _ in _core.drafter_methods() if use == "required")
+METHODS_NEEDING_HEAD = tuple(name for name, _, head in _core.drafter_methods() if head)
 
 # The real model pair the demo, the benchmark and `pyspec calibrate` use by default.
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"

@@ -29,7 +29,7 @@ def test_parse_methods() -> None:
     specs = parse_methods("lookup:8,chain,peer-pld", n_draft=5)
     assert [(m.label, m.name, m.n_draft) for m in specs] == [
         ("none", "none", None), ("lookup:8", "lookup", 8), ("chain", "chain", 5), ("peer-pld", "peer-pld", 5)]
-    with pytest.raises(ValueError, match="unknown method 'forest'.*available: auto, none, chain, tree, beam, lookup, ouroboros, peer"):
+    with pytest.raises(ValueError, match="unknown method 'forest'.*available: auto, none, chain, tree, beam, lookup, ouroboros, redrafter, peer"):
         parse_methods("none,forest")
     specs = parse_methods("tree:24,beam:3x6,tree")
     assert [(m.label, m.name, dict(m.options)) for m in specs[1:]] == [

@@ -93,15 +93,18 @@ def test_every_registered_method_is_named_and_checked(tiny_target: str) -> None:
     """The engine's method table is the one list: the unknown-method error names every entry,
     and every method that requires a draft model refuses to run without one."""
     methods = pyspec._core.drafter_methods()
-    names = [name for name, _ in methods]
+    names = [name for name, _, _ in methods]
     assert names == list(pyspec.METHODS) and names[0] == "auto" and "none" in names
     with pyspec.Engine(tiny_target, n_ctx=256) as engine:
         with pytest.raises(pyspec.InvalidArgumentError) as info:
             engine.generate("hello", method="warp")
         assert f"available: {', '.join(names)})" in str(info.value)
-        for name, use in methods:
+        for name, use, needs_head in methods:
             if use == "required":
                 with pytest.raises(pyspec.InvalidArgumentError, match=f"method '{name}' needs a draft model"):
+                    engine.generate("hello", method=name, max_tokens=2)
+            elif needs_head:
+                with pytest.raises(pyspec.InvalidArgumentError, match=f"method '{name}' needs a draft head"):
                     engine.generate("hello", method=name, max_tokens=2)
             else:
                 assert engine.generate("hello", method=name, max_tokens=2).finish_reason == "length"
