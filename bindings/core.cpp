@@ -24,14 +24,14 @@ using namespace nb::literals;
 
 namespace {
 
-using FloatArray = nb::ndarray<nb::numpy, float>;
 using ConstFloatArray = nb::ndarray<const float, nb::c_contig, nb::device::cpu>;
 
 // Hands a vector to numpy without copying; the capsule owns it.
-FloatArray to_numpy(std::vector<float>&& values, std::initializer_list<size_t> shape) {
-    auto* owned = new std::vector<float>(std::move(values));
-    nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<float>*>(p); });
-    return FloatArray(owned->data(), shape, owner);
+template <typename T>
+nb::ndarray<nb::numpy, T> to_numpy(std::vector<T>&& values, std::initializer_list<size_t> shape) {
+    auto* owned = new std::vector<T>(std::move(values));
+    nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+    return nb::ndarray<nb::numpy, T>(owned->data(), shape, owner);
 }
 
 // Raises the class of that name from pyspec.errors (which gives them Python-friendly bases).
@@ -258,6 +258,7 @@ NB_MODULE(_core, m) {
         .def_rw("typical_delta", &spec::GenerateParams::typical_delta)
         .def_rw("trace_top_k", &spec::GenerateParams::trace_top_k)
         .def_rw("return_logits", &spec::GenerateParams::return_logits)
+        .def_rw("logprobs", &spec::GenerateParams::logprobs)
         .def_rw("seed", &spec::GenerateParams::seed);
 
     nb::class_<spec::Stats>(m, "Stats")
@@ -302,6 +303,26 @@ NB_MODULE(_core, m) {
         .def_ro("head_version", &spec::GenerateResult::head_version)
         .def_ro("stats", &spec::GenerateResult::stats)
         .def_ro("trace", &spec::GenerateResult::trace)
+        .def_prop_ro("n_tokens", [](const spec::GenerateResult& r) { return r.tokens.size(); })
+        .def("since", [](const spec::GenerateResult& r, size_t first) {
+            // Tokens [first, n) with their log-probabilities: (tokens, token_logprobs [m],
+            // top ids [m, k], top logprobs [m, k]); empty arrays when none were asked for.
+            first = std::min(first, r.tokens.size());
+            const size_t m = r.tokens.size() - first;
+            const size_t k = size_t(r.n_top_logprobs);
+            const bool has = !r.token_logprobs.empty();
+            std::vector<int32_t> tokens(r.tokens.begin() + long(first), r.tokens.end());
+            std::vector<float> lp = has ? std::vector<float>(r.token_logprobs.begin() + long(first), r.token_logprobs.end())
+                                        : std::vector<float>{};
+            std::vector<int32_t> ids = has ? std::vector<int32_t>(r.top_logprob_ids.begin() + long(first * k),
+                                                                  r.top_logprob_ids.end())
+                                           : std::vector<int32_t>{};
+            std::vector<float> top = has ? std::vector<float>(r.top_logprobs.begin() + long(first * k), r.top_logprobs.end())
+                                         : std::vector<float>{};
+            const size_t rows = has ? m : 0;
+            return nb::make_tuple(tokens, to_numpy(std::move(lp), {rows}), to_numpy(std::move(ids), {rows, k}),
+                                  to_numpy(std::move(top), {rows, k}));
+        }, "first"_a = 0)
         .def("take_logits", [](spec::GenerateResult& r, size_t n_vocab) {
             const size_t n_rows = n_vocab ? r.logits.size() / n_vocab : 0;
             return to_numpy(std::move(r.logits), {n_rows, n_vocab});
@@ -357,9 +378,10 @@ NB_MODULE(_core, m) {
                             nb::object on_text) {
             spec::TextCallback callback;
             if (!on_text.is_none()) {
-                callback = [on_text](const std::string& piece) {
+                callback = [on_text](const std::string& piece, const spec::GenerateResult& so_far) {
                     nb::gil_scoped_acquire gil;
-                    return nb::cast<bool>(on_text(piece));
+                    // A reference valid during the call only: Python reads what it needs (since()).
+                    return nb::cast<bool>(on_text(piece, nb::cast(&so_far, nb::rv_policy::reference)));
                 };
             }
             nb::gil_scoped_release release;

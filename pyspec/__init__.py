@@ -25,7 +25,7 @@ from .errors import (
     SpecError,
     VocabMismatchError,
 )
-from .results import GenerationResult, GenerationStats, Trace
+from .results import GenerationResult, GenerationStats, StreamChunk, TokenLogprobs, Trace
 
 # Quiet by default: nothing reaches stderr unless the application configures logging.
 logging.getLogger("pyspec").addHandler(logging.NullHandler())
@@ -41,6 +41,8 @@ __all__ = [
     "GenerationResult",
     "GenerationStats",
     "Trace",
+    "StreamChunk",
+    "TokenLogprobs",
     "SpecError",
     "ModelLoadError",
     "VocabMismatchError",

@@ -429,6 +429,12 @@ class GenerateParams:
     def return_logits(self, arg: bool, /) -> None: ...
 
     @property
+    def logprobs(self) -> int: ...
+
+    @logprobs.setter
+    def logprobs(self, arg: int, /) -> None: ...
+
+    @property
     def seed(self) -> int | None: ...
 
     @seed.setter
@@ -547,6 +553,11 @@ class GenerateResult:
 
     @property
     def trace(self) -> list[StepTrace]: ...
+
+    @property
+    def n_tokens(self) -> int: ...
+
+    def since(self, first: int = 0) -> tuple: ...
 
     def take_logits(self, n_vocab: int) -> NDArray[numpy.float32]:
         """Moves the return_logits rows out as a numpy array [n_tokens, n_vocab]."""

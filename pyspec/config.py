@@ -60,6 +60,10 @@ class GenerationConfig:
     plausible drafts; only used when temperature > 0).
     trace_top_k: target top-k kept at each rejected position (0: no trace).
     return_logits: keep the target's logits row behind every generated token (result.logits).
+    logprobs: None (off, nothing computed) or k >= 0: result.logprobs holds each generated
+    token's log-probability under the target's own distribution (log softmax of the row it was
+    chosen from at temperature 1, before top_k / top_p / min_p) and the k likeliest tokens of
+    that row with theirs.
     """
 
     max_tokens: int = 256
@@ -96,6 +100,7 @@ class GenerationConfig:
     typical_delta: float = 0.3
     trace_top_k: int = 32
     return_logits: bool = False
+    logprobs: int | None = None
 
     def replace(self, **options: Any) -> "GenerationConfig":
         """A copy with some fields changed; unknown names raise TypeError listing the valid ones."""
@@ -145,4 +150,5 @@ class GenerationConfig:
         p.seed = self.seed
         p.trace_top_k = self.trace_top_k
         p.return_logits = self.return_logits
+        p.logprobs = -1 if self.logprobs is None else self.logprobs
         return p

@@ -6,7 +6,7 @@ import logging
 import os
 import queue
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Union
 
 import numpy as np
@@ -15,8 +15,8 @@ from . import _core
 from . import calibration
 from .calibration import CostCurve
 from .config import DEFAULT_N_DRAFT, METHODS, GenerationConfig
-from .errors import EngineClosedError
-from .results import GenerationResult, GenerationStats, Trace
+from .errors import EngineClosedError, InvalidArgumentError
+from .results import GenerationResult, GenerationStats, StreamChunk, TokenLogprobs, Trace
 
 log = logging.getLogger("pyspec")
 llama_log = logging.getLogger("pyspec.llama")
@@ -25,7 +25,7 @@ _LLAMA_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: loggi
 
 __all__ = ["Engine", "TextStream", "METHODS", "DEFAULT_N_DRAFT", "GenerationConfig", "cpu_has_amx"]
 
-Message = dict[str, str]
+Message = dict[str, Any]  # {"role": str, "content": str | None | list of content parts}
 Prompt = Union[str, Sequence[int], Sequence[Message]]
 
 
@@ -45,6 +45,31 @@ def cpu_has_amx() -> bool:
     except OSError:
         pass
     return False
+
+
+def message_text(content: Any, index: int) -> str:
+    """The text of one chat message's content: a string, None (""), or a list of OpenAI content
+    parts whose text parts are joined with newlines. Raises InvalidArgumentError for a non-text
+    part and TypeError for anything else."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, (list, tuple)):
+        texts = []
+        for j, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "text" and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            elif isinstance(kind, str) and kind != "text":
+                raise InvalidArgumentError(f"message {index}, content part {j}: type {kind!r} is not supported; "
+                                           "this model reads text only (parts of type 'text')")
+            else:
+                raise TypeError(f"message {index}, content part {j} must be {{'type': 'text', 'text': str}}, "
+                                f"got {part!r}")
+        return "\n".join(texts)
+    raise TypeError(f"message {index}: content must be a string, None or a list of content parts, "
+                    f"got {type(content).__name__}")
 
 
 def _resolve(model: str | os.PathLike[str]) -> str:
@@ -249,12 +274,20 @@ class Engine:
         return bool(self._core.is_eog(int(token)))
 
     def apply_chat_template(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> str:
-        """Formats messages ([{"role": ..., "content": ...}]) with the target's chat template."""
+        """Formats messages ([{"role": ..., "content": ...}]) with the target's chat template.
+
+        content is a string, None (no text: an empty string, as an assistant message that only
+        carried tool calls), or OpenAI's list of content parts, whose text parts
+        ({"type": "text", "text": ...}) are joined with newlines. Other parts (images, audio,
+        files) raise InvalidArgumentError: the models here read text only.
+        """
         pairs = []
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or "role" not in m or "content" not in m:
                 raise TypeError(f"message {i} must be a dict with 'role' and 'content', got {m!r}")
-            pairs.append((str(m["role"]), str(m["content"])))
+            if not isinstance(m["role"], str):
+                raise TypeError(f"message {i}: role must be a string, got {m['role']!r}")
+            pairs.append((m["role"], message_text(m["content"], i)))
         return str(self._core.apply_chat_template(pairs, add_generation_prompt))
 
     def prompt_tokens(self, prompt: Prompt) -> list[int]:
@@ -351,7 +384,8 @@ class Engine:
 
     # -- generation ----------------------------------------------------------------------------
 
-    def generate(self, prompt: Prompt, config: GenerationConfig | None = None, **options: Any) -> GenerationResult:
+    def generate(self, prompt: Prompt, config: GenerationConfig | None = None, *,
+                 on_chunk: Callable[[StreamChunk], bool] | None = None, **options: Any) -> GenerationResult:
         """Generates a completion; the output is exactly the target model's.
 
         Settings come from `config` (a GenerationConfig) with `options` (any of its fields as
@@ -359,9 +393,13 @@ class Engine:
         GenerationConfig for every knob. Greedy output (temperature 0) is token-identical to
         method="none", except where batched and one-token logits of the backend flip a near-tie
         (README, "Numerics").
+
+        on_chunk: called on the generating thread with each StreamChunk (newly safe text, the
+        tokens generated since the last chunk, their log-probabilities when asked for); return
+        False to cancel the generation (finish_reason "cancelled"; the engine stays usable).
         """
         cfg = (config or GenerationConfig()).replace(**options)
-        return self._run(self.prompt_tokens(prompt), cfg, None)
+        return self._run(self.prompt_tokens(prompt), cfg, on_chunk)
 
     def stream(self, prompt: Prompt, config: GenerationConfig | None = None, **options: Any) -> "TextStream":
         """Like generate(), but yields text pieces as they are produced.
@@ -373,13 +411,27 @@ class Engine:
         cfg = (config or GenerationConfig()).replace(**options)
         return TextStream(self, self.prompt_tokens(prompt), cfg)
 
-    def _run(self, tokens: list[int], config: GenerationConfig, on_text: Any) -> GenerationResult:
+    def _run(self, tokens: list[int], config: GenerationConfig,
+             on_chunk: Callable[[StreamChunk], bool] | None) -> GenerationResult:
         params = config.to_core()
+        with_logprobs = config.logprobs is not None
+        core_callback = None
+        if on_chunk is not None:
+            n_reported = 0
+
+            def core_callback(piece: str, so_far: Any) -> bool:
+                # so_far is the engine's result in the making, valid during this call only.
+                nonlocal n_reported
+                since = so_far.since(n_reported)
+                n_reported = so_far.n_tokens
+                logprobs = TokenLogprobs._from_core(since) if with_logprobs else None
+                return bool(on_chunk(StreamChunk(piece, list(since[0]), logprobs)))
+
         try:
             with self._lock:
                 if params.method == "auto":
                     self._ensure_costs(config)
-                core_result = self._core.generate(tokens, params, on_text)
+                core_result = self._core.generate(tokens, params, core_callback)
         finally:
             _forward_llama_logs()
         logits = core_result.take_logits(self.n_vocab) if config.return_logits else None
@@ -395,6 +447,7 @@ class Engine:
             draft=config.draft,
             draft_version=int(core_result.draft_version),
             head_version=int(core_result.head_version),
+            logprobs=TokenLogprobs._from_core(core_result.since(0)) if with_logprobs else None,
         )
 
 
@@ -402,7 +455,11 @@ _DONE = object()
 
 
 class TextStream:
-    """Iterator over the text pieces of one generation running in a worker thread."""
+    """Iterator over the text pieces of one generation running in a worker thread.
+
+    Iterating yields str pieces; chunks() yields StreamChunk objects (text, the tokens since the
+    previous chunk and, with logprobs=k, their log-probabilities) instead. Use one or the other.
+    """
 
     def __init__(self, engine: Engine, tokens: list[int], config: GenerationConfig) -> None:
         self.result: GenerationResult | None = None
@@ -410,13 +467,13 @@ class TextStream:
         self._cancel = threading.Event()
         self._error: BaseException | None = None
 
-        def on_text(piece: str) -> bool:
-            self._queue.put(piece)
+        def on_chunk(chunk: StreamChunk) -> bool:
+            self._queue.put(chunk)
             return not self._cancel.is_set()
 
         def work() -> None:
             try:
-                self.result = engine._run(tokens, config, on_text)
+                self.result = engine._run(tokens, config, on_chunk)
             except BaseException as exc:  # handed to the consumer thread
                 self._error = exc
             finally:
@@ -426,6 +483,10 @@ class TextStream:
         self._thread.start()
 
     def __iter__(self) -> Iterator[str]:
+        for chunk in self.chunks():
+            yield chunk.text
+
+    def chunks(self) -> Iterator[StreamChunk]:
         try:
             while True:
                 item = self._queue.get()

@@ -123,6 +123,34 @@ class Trace:
 
 
 @dataclass(frozen=True)
+class TokenLogprobs:
+    """Log-probabilities of generated tokens under the target's own distribution (log softmax of
+    the logits row each token was chosen from: temperature 1, before top_k / top_p / min_p)."""
+
+    tokens: list[int]
+    token_logprobs: np.ndarray  # [n_tokens] float32: of each generated token
+    top_ids: np.ndarray  # [n_tokens, k] int32: the k likeliest tokens of each row, likeliest first
+    top_logprobs: np.ndarray  # [n_tokens, k] float32
+
+    @classmethod
+    def _from_core(cls, since: Any) -> "TokenLogprobs":
+        tokens, token_logprobs, top_ids, top_logprobs = since
+        return cls(list(tokens), np.asarray(token_logprobs), np.asarray(top_ids), np.asarray(top_logprobs))
+
+
+@dataclass(frozen=True)
+class StreamChunk:
+    """One piece of a generation as it streams: text that became safe to show (incomplete UTF-8
+    and possible stop-string prefixes are held back, so the texts join to the result's text),
+    the tokens generated since the previous chunk (their text may still be partly held back),
+    and those tokens' log-probabilities when the generation asked for them."""
+
+    text: str
+    tokens: list[int]
+    logprobs: TokenLogprobs | None = None
+
+
+@dataclass(frozen=True)
 class GenerationResult:
     text: str
     tokens: list[int]
@@ -137,6 +165,8 @@ class GenerationResult:
     draft: str = ""  # the draft slot asked for ("" = the default draft)
     draft_version: int = 0  # that slot's version when it drafted; 0 when no draft model drafted
     head_version: int = 0   # the draft head's version when it drafted (method "redrafter"); 0 otherwise
+    # When generated with logprobs=k: every generated token's log-probability and its row's top k.
+    logprobs: TokenLogprobs | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary (the trace is left out)."""

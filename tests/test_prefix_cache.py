@@ -132,12 +132,11 @@ def test_cancelled_generation_leaves_a_consistent_cache(warm, cold) -> None:
     prompt = warm.tokenize("def fib(n):\n")
     pieces: list[str] = []
 
-    def cancel_after_first_piece(piece: str, *_: object) -> bool:
-        pieces.append(piece)
+    def cancel_after_first_piece(chunk: pyspec.StreamChunk) -> bool:
+        pieces.append(chunk.text)
         return False
 
-    config = pyspec.GenerationConfig(max_tokens=64, method="tree")
-    cancelled = warm._run(prompt, config, cancel_after_first_piece)
+    cancelled = warm.generate(prompt, max_tokens=64, method="tree", on_chunk=cancel_after_first_piece)
     assert cancelled.finish_reason == "cancelled" and len(pieces) == 1
     assert_only_sequence_0(warm, draft=False)
     assert_only_sequence_0(warm, draft=True)

@@ -44,6 +44,8 @@ struct Request {
     // Methods with a draft head: the target's hidden state of the row that chose the last
     // committed token (empty before the first target decode).
     std::vector<float> hidden;
+    std::vector<int32_t> top_ids;     // [k] log-probabilities of one token's row
+    std::vector<float> top_values;    // [k]
 
     Request(const GenerateParams& p, Model& t, Drafter* d, Rng& r)
         : params(p), target(t), drafter(d), rng(r), text(p.stop) {}
@@ -121,10 +123,16 @@ bool commit_token(Request& req, int32_t token, const float* logits_row, const Te
         return false;
     }
     if (req.params.return_logits) res.logits.insert(res.logits.end(), logits_row, logits_row + req.target.n_vocab());
+    if (req.params.logprobs >= 0) {
+        res.token_logprobs.push_back(token_logprobs(logits_row, req.target.n_vocab(), token, req.params.logprobs,
+                                                    req.top_ids, req.top_values));
+        res.top_logprob_ids.insert(res.top_logprob_ids.end(), req.top_ids.begin(), req.top_ids.end());
+        res.top_logprobs.insert(res.top_logprobs.end(), req.top_values.begin(), req.top_values.end());
+    }
     req.committed.push_back(token);
     res.tokens.push_back(token);
     const std::string piece = req.text.push(req.target.token_to_piece(token));
-    if (!piece.empty() && on_text && !on_text(piece)) {
+    if (!piece.empty() && on_text && !on_text(piece, res)) {
         res.finish_reason = "cancelled";
         return false;
     }
@@ -474,6 +482,10 @@ void Engine::validate(const std::vector<int32_t>& prompt, const GenerateParams& 
     }
     if (params.max_tokens < 0) throw InvalidArgumentError("max_tokens must be >= 0, got " + std::to_string(params.max_tokens));
     if (params.trace_top_k < 0) throw InvalidArgumentError("trace_top_k must be >= 0");
+    if (params.logprobs < -1) {
+        throw InvalidArgumentError("logprobs must be -1 (off) or the number of top alternatives >= 0, got " +
+                                   std::to_string(params.logprobs));
+    }
     for (const auto& s : params.stop) {
         if (s.empty()) throw InvalidArgumentError("stop strings must not be empty");
     }
@@ -510,6 +522,7 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
     const DraftShape shape = method.shape(params);
     stats.accept_histogram.assign(size_t(shape.depth + 1), 0);
     req.result.prompt_tokens = prompt;
+    req.result.n_top_logprobs = std::min(std::max(params.logprobs, 0), target_->n_vocab());
     prefill(req, prompt);
     stats.t_prefill_ms = ms_since(t_start);
     // Hidden states after the prompt (llama.cpp would otherwise output every prompt row), and
@@ -581,7 +594,7 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
     target_->kv_drop_side_sequences();
     if (Model* draft = find_draft(params.draft)) draft->kv_drop_side_sequences();
     const std::string tail = req.text.finish();
-    if (!tail.empty() && on_text && req.result.finish_reason != "cancelled") on_text(tail);
+    if (!tail.empty() && on_text && req.result.finish_reason != "cancelled") on_text(tail, req.result);
     req.result.text = utf8_sanitize(req.text.text());
     stats.n_generated = int32_t(req.result.tokens.size());
     if (drafter) stats.n_draft_decodes = int32_t(drafter->stats().n_model_decodes);

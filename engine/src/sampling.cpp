@@ -407,4 +407,15 @@ float token_probability(const float* logits, int32_t n_vocab, int32_t token) {
     return float(std::exp(double(logits[token] - max)) / sum);
 }
 
+float token_logprobs(const float* logits, int32_t n_vocab, int32_t token, int32_t k, std::vector<int32_t>& top_ids,
+                     std::vector<float>& top_logprobs) {
+    const float max = logits[argmax(logits, n_vocab)];
+    double sum = 0.0;
+    for (int32_t i = 0; i < n_vocab; ++i) sum += std::exp(double(logits[i] - max));
+    const float log_norm = max + float(std::log(sum));
+    top_k_entries(logits, n_vocab, k, top_ids, top_logprobs);  // logits rank like probabilities
+    for (float& value : top_logprobs) value -= log_norm;
+    return logits[token] - log_norm;
+}
+
 }  // namespace spec

@@ -45,6 +45,9 @@ struct GenerateParams {
     float typical_delta = 0.3f;
     int32_t trace_top_k = 32;      // target top-k kept at each rejected position; 0: no trace
     bool return_logits = false;    // keep the target's logits row behind every generated token
+    // -1: no log-probabilities (nothing computed). k >= 0: each generated token's log-probability
+    // and those of the k likeliest tokens of the same target row (GenerateResult::token_logprobs).
+    int32_t logprobs = -1;
     std::optional<uint64_t> seed;  // reseed the engine's RNG for this request
 };
 
@@ -106,10 +109,19 @@ struct GenerateResult {
     std::vector<StepTrace> trace;
     std::vector<float> logits;           // [n_tokens, n_vocab] when return_logits: the target row
                                          // each generated token was chosen from
+    // When params.logprobs = k >= 0: log-probabilities under the target's own distribution (log
+    // softmax of the row each token was chosen from, temperature 1, before top-k / top-p / min-p),
+    // of every generated token and of the k likeliest tokens of its row, likeliest first.
+    int32_t n_top_logprobs = 0;          // k
+    std::vector<float> token_logprobs;   // [n_tokens]
+    std::vector<int32_t> top_logprob_ids;  // [n_tokens, k]
+    std::vector<float> top_logprobs;     // [n_tokens, k]
 };
 
-// Called with each newly safe piece of text; return false to cancel the generation.
-using TextCallback = std::function<bool(const std::string&)>;
+// Called with each newly safe piece of text and the result so far (its tokens and
+// log-probabilities cover every token generated up to now, including those whose text is still
+// held back; valid only during the call). Return false to cancel the generation.
+using TextCallback = std::function<bool(const std::string& piece, const GenerateResult& so_far)>;
 
 struct EngineParams {
     ModelParams model;

@@ -42,6 +42,12 @@ void softmax(const float* logits, int32_t n_vocab, std::vector<float>& probs);
 // logits: [n_vocab]
 float token_probability(const float* logits, int32_t n_vocab, int32_t token);
 
+// log softmax(logits)[token] at temperature 1 (the model's own distribution, before any sampling
+// transform), and the same for the k likeliest tokens: top_ids / top_logprobs are resized to
+// min(k, n_vocab), likeliest first (top_k_entries' order). logits: [n_vocab]
+float token_logprobs(const float* logits, int32_t n_vocab, int32_t token, int32_t k, std::vector<int32_t>& top_ids,
+                     std::vector<float>& top_logprobs);
+
 // Draws an index from a distribution whose entries sum to ~1 (renormalises by the actual sum).
 // probs: [n]
 int32_t sample_from(const float* probs, int32_t n, Rng& rng);
