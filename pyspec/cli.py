@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generation_args(gen)
     gen.set_defaults(handler=_cmd_generate)
 
-    from . import bench, calibration, demo, data, distill, models
+    from . import bench, calibration, demo, data, distill, models, serve
     from .head import cli as head_cli
 
     demo.register_cli(sub)
@@ -134,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     head_cli.register_cli(sub)
     models.register_cli(sub)
     data.register_cli(sub)
+    serve.register_cli(sub)
     return parser
 
 

@@ -269,6 +269,10 @@ class Engine:
     def detokenize(self, tokens: Sequence[int], *, special: bool = False) -> str:
         return bytes(self._core.detokenize(list(tokens), special)).decode("utf-8", errors="replace")
 
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes of one token as the output shows them (possibly part of a UTF-8 character)."""
+        return bytes(self._core.token_to_piece(int(token), False))
+
     def is_eog(self, token: int) -> bool:
         """True for the target's end-of-generation tokens (EOS, EOT, ...)."""
         return bool(self._core.is_eog(int(token)))

@@ -49,6 +49,7 @@ def assert_cache_matches(engine: pyspec.Engine, result: pyspec.GenerationResult)
 def test_follow_up_turns_equal_cold_start(warm, cold, method: str) -> None:
     opts = dict(max_tokens=24, method=method)
     prompt = warm.tokenize(TURN_1)
+    n_previous = 0  # prompt + output tokens of the turn before
     for turn in range(3):
         warm_result = warm.generate(prompt, **opts)
         cold_result = cold.generate(prompt, **opts)

@@ -1,0 +1,83 @@
+"""`pyspec serve`: the command line of the OpenAI-compatible server (pyspec.server). This module
+imports neither FastAPI nor uvicorn, so `pyspec` works without the server extra."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from .config import METHODS, GenerationConfig
+
+
+def register_cli(sub: Any) -> None:
+    p = sub.add_parser("serve", help="serve a target (and draft) over an OpenAI-compatible HTTP API",
+                       description="An OpenAI-compatible server: POST /v1/chat/completions and /v1/completions "
+                                   "(streamed or not), GET /v1/models, /health, /metrics. Requests run one at a "
+                                   "time in arrival order. Needs: pip install 'pyspec-engine[server]'.")
+    p.add_argument("--target", required=True, help="GGUF path or registry name")
+    p.add_argument("--draft", default=None, help="GGUF path or registry name of the draft model")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--model-name", default=None,
+                   help="the model id clients send (default: the target's file name without .gguf)")
+    p.add_argument("--n-ctx", type=int, default=4096, help="context window in tokens (default 4096)")
+    p.add_argument("--n-batch", type=int, default=512)
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--n-gpu-layers", type=int, default=0, help="layers to offload (GPU builds only)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the engine's random stream")
+    p.add_argument("--no-prefix-cache", action="store_true",
+                   help="evaluate every prompt from scratch instead of reusing the KV cache of the longest "
+                        "common prefix with the previous request")
+    d = GenerationConfig()
+    g = p.add_argument_group("request defaults (each request may override them)")
+    g.add_argument("--method", choices=list(METHODS), default="auto", help="decoding method (default auto)")
+    g.add_argument("--n-draft", type=int, default=None, help="longest draft per step (chain, lookup, ouroboros)")
+    g.add_argument("--temperature", type=float, default=1.0, help="default 1.0 (OpenAI's); 0 = greedy")
+    g.add_argument("--top-p", type=float, default=d.top_p)
+    g.add_argument("--top-k", type=int, default=d.top_k, help="0 disables")
+    g.add_argument("--min-p", type=float, default=d.min_p)
+    pool = p.add_argument_group("phrase pool")
+    pool.add_argument("--pool-file", default=None,
+                      help="keep the phrase pool in this file across restarts (loaded at start, saved atomically "
+                           "every --pool-save-interval seconds when it changed and at shutdown; an unreadable "
+                           "file is moved aside and the server starts with an empty pool)")
+    pool.add_argument("--pool-save-interval", type=float, default=60.0, help="seconds between saves (default 60)")
+    online = p.add_argument_group("online distillation (needs the train extra: PyTorch)")
+    online.add_argument("--online", action="store_true",
+                        help="distil the draft from the served traffic and hot-reload it (pyspec.online)")
+    online.add_argument("--online-interval", type=int, default=32, help="requests between draft updates (default 32)")
+    online.add_argument("--online-buffer", type=int, default=4096, help="training positions buffered (default 4096)")
+    online.add_argument("--online-lr", type=float, default=1e-4)
+    online.add_argument("--online-train-threads", type=int, default=1, help="PyTorch threads while training")
+    online.add_argument("--online-work-dir", default=None, help="where trained drafts are written (default: temporary)")
+    p.set_defaults(handler=_cmd_serve)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from .server import OnlineSettings, ServerSettings, create_app
+    except ImportError as exc:
+        print(f"pyspec: error: {exc}", file=sys.stderr)
+        return 1
+    defaults = GenerationConfig(method=args.method, n_draft=args.n_draft, temperature=args.temperature,
+                                top_p=args.top_p, top_k=args.top_k, min_p=args.min_p)
+    online = None
+    if args.online:
+        online = OnlineSettings(update_interval=args.online_interval, buffer_limit=args.online_buffer,
+                                lr=args.online_lr, train_threads=args.online_train_threads,
+                                work_dir=args.online_work_dir)
+    settings = ServerSettings(
+        target=args.target, draft=args.draft, model_name=args.model_name, n_ctx=args.n_ctx, n_batch=args.n_batch,
+        n_threads=args.threads, n_gpu_layers=args.n_gpu_layers, seed=args.seed,
+        prefix_cache=not args.no_prefix_cache, defaults=defaults, pool_file=args.pool_file,
+        pool_save_interval_s=args.pool_save_interval, online=online,
+    )
+    level = logging.getLogger().getEffectiveLevel()
+    logging.getLogger("pyspec").setLevel(min(level, logging.INFO))  # startup, pool and update lines
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="info" if args.verbose else "warning",
+                timeout_graceful_shutdown=5)
+    return 0

@@ -1,0 +1,102 @@
+"""--online: the draft learns from the traffic it serves (OSD). Every finished generation goes to
+an OnlineDistiller (pyspec.online), which buffers the target's corrections, trains the draft away
+from the serving path and hot-reloads it between two requests (Engine.reload_draft).
+
+What this module assumes of pyspec.online, and nothing more: OnlineDistiller(engine, config,
+update_interval=, buffer_limit=, work_dir=) with observe(result), stats() -> an object with
+draft_version, n_updates, n_failed_updates, updating, buffer_positions, acceptance and
+last_error, and close(); DistillConfig(lr=, train_threads=). Generations are handed over through
+a bounded queue to a thread of their own, so the generation worker never waits on the
+distiller (if the distiller falls behind, the oldest waiting results are dropped and counted).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ..engine import Engine
+from ..results import GenerationResult
+
+log = logging.getLogger("pyspec.server")
+
+
+@dataclass(frozen=True)
+class OnlineSettings:
+    update_interval: int = 32        # requests between draft updates (OSD's I)
+    buffer_limit: int = 4096         # training positions kept (and that trigger an update early)
+    lr: float = 1e-4
+    train_threads: int = 1
+    work_dir: str | None = None      # where trained drafts are written (default: a temporary directory)
+    backlog: int = 256               # finished generations waiting for the distiller before drops
+
+
+class OnlineLoop:
+    def __init__(self, engine: Engine, settings: OnlineSettings) -> None:
+        if not engine.has_draft:
+            raise ValueError("--online trains the draft model: start the server with --draft")
+        from ..online import DistillConfig, OnlineDistiller  # needs the train extra (PyTorch)
+
+        if settings.work_dir is not None:
+            os.makedirs(settings.work_dir, exist_ok=True)
+        self.distiller: Any = OnlineDistiller(
+            engine, DistillConfig(lr=settings.lr, train_threads=settings.train_threads),
+            update_interval=settings.update_interval, buffer_limit=settings.buffer_limit,
+            work_dir=settings.work_dir,
+        )
+        self.n_dropped = 0
+        self.n_observed = 0
+        self._results: "queue.Queue[GenerationResult | None]" = queue.Queue(maxsize=settings.backlog)
+        self._thread = threading.Thread(target=self._run, name="pyspec-online", daemon=True)
+        self._thread.start()
+
+    def submit(self, result: GenerationResult) -> None:
+        """Hands a finished generation to the distiller; never blocks."""
+        if result.draft != self.distiller.draft:
+            return  # another slot's generation: not this distiller's to learn from
+        while True:
+            try:
+                self._results.put_nowait(result)
+                return
+            except queue.Full:
+                try:
+                    self._results.get_nowait()
+                    self.n_dropped += 1
+                except queue.Empty:
+                    pass
+
+    def close(self) -> None:
+        """Stops observing, then closes the distiller (which waits for a running update)."""
+        self._results.put(None)
+        self._thread.join()
+        self.distiller.close()
+
+    def gauges(self) -> Iterable[tuple[str, str, str, float]]:
+        s = self.distiller.stats()
+        yield "pyspec_online_updates_total", "Draft updates that reached the engine.", "", s.n_updates
+        yield "pyspec_online_failed_updates_total", "Draft updates that failed (the old draft kept serving).", "", \
+            s.n_failed_updates
+        yield "pyspec_online_updating", "1 while a draft update is running.", "", int(s.updating)
+        yield "pyspec_online_buffer_positions", "Training positions waiting in the replay buffer.", "", \
+            s.buffer_positions
+        yield "pyspec_online_observed_total", "Generations given to the distiller.", "", self.n_observed
+        yield "pyspec_online_dropped_total", "Generations dropped because the distiller fell behind.", "", \
+            self.n_dropped
+        if s.acceptance is not None:
+            yield "pyspec_online_acceptance", "Draft acceptance over the distiller's recent window.", "", s.acceptance
+
+    def _run(self) -> None:
+        while True:
+            result = self._results.get()
+            if result is None:
+                return
+            try:
+                self.distiller.observe(result)
+                self.n_observed += 1
+            except Exception:  # a distiller error must not stop serving
+                log.exception("the online distiller could not take a generation")
