@@ -1,6 +1,8 @@
 """--online: the draft learns from the traffic it serves (OSD). Every finished generation goes to
-an OnlineDistiller (pyspec.online), which buffers the target's corrections, trains the draft away
-from the serving path and hot-reloads it between two requests (Engine.reload_draft).
+an OnlineDistiller (pyspec.online), which buffers the target's corrections, has its training
+process (pyspec.online.worker.TrainerProcess: PyTorch, the draft's weights and optimizer state
+live there, not in the server) train the draft, and hot-reloads the file it writes between two
+requests (Engine.reload_draft). The server process never imports torch.
 
 What this module assumes of pyspec.online, and nothing more: OnlineDistiller(engine, config,
 update_interval=, buffer_limit=, work_dir=) with observe(result), stats() -> an object with
