@@ -141,9 +141,10 @@ def run_conversation(client: openai.OpenAI, server: Server, conv: Conversation, 
         t_first = None
         pieces: list[str] = []
         usage = None
+        # pyspec reports usage (with the cached prompt tokens) in a last chunk when asked.
+        extra = {"stream_options": {"include_usage": True}} if server.name.startswith("pyspec") else {}
         stream = client.chat.completions.create(model=server.model, messages=messages, max_tokens=max_tokens,
-                                                temperature=0.0, stream=True,
-                                                stream_options={"include_usage": True})
+                                                temperature=0.0, stream=True, **extra)
         for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
                 if t_first is None:
@@ -222,11 +223,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--n-ctx", type=int, default=4096)
     p.add_argument("--method", default="auto", help="pyspec's method (default auto)")
-    p.add_argument("--max-tokens", type=int, default=160, help="most tokens per answer (default 160)")
+    p.add_argument("--max-tokens", type=int, default=128, help="most tokens per answer (default 128)")
     p.add_argument("--mtbench", type=int, default=6, help="MT-Bench conversations (default 6)")
     p.add_argument("--followups", type=int, default=1, help=f"turns after MT-Bench's two (<= {len(FOLLOWUPS)})")
     p.add_argument("--code", type=int, default=4, help="code sessions (default 4)")
-    p.add_argument("--code-turns", type=int, default=5, help=f"turns per code session (<= {len(CODE_TURNS)})")
+    p.add_argument("--code-turns", type=int, default=4, help=f"turns per code session (<= {len(CODE_TURNS)})")
     p.add_argument("--servers", default="pyspec,pyspec-no-prefix-cache,llama-cpp-python")
     p.add_argument("--json", default=None, help="write every turn's record and the summary here")
     args = p.parse_args(argv)

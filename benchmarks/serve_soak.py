@@ -52,11 +52,19 @@ def rss_kib(pid: int) -> int:
 
 
 def children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(p) for p in f.read().split()]
-    except OSError:
-        return []
+    """Processes whose parent is pid (the online distiller's training process)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(entry))
+    return found
 
 
 def metric(base_url: str, name: str, labels: str = "") -> float:
@@ -113,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="server threads (default 1: training gets the other core)")
     p.add_argument("--online-interval", type=int, default=32, help="requests between draft updates (default 32)")
     p.add_argument("--pool-save-interval", type=float, default=5.0)
+    p.add_argument("--pace", type=float, default=0.2,
+                   help="seconds each client waits between requests (default 0.2: with the tiny models, slow "
+                        "enough that draft updates keep up with the traffic)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
 
@@ -167,11 +178,13 @@ def main(argv: list[str] | None = None) -> int:
                     outcome = "failed"
                     with lock:
                         failures.append(f"request {i}: {type(exc).__name__}: {exc}")
+                time.sleep(args.pace)
                 with lock:
                     outcomes[outcome] += 1
                     done = sum(outcomes.values())
                     if done == 50:
                         memory["after_50_kib"] = rss_kib(server.pid)
+                        memory["trainer_after_50_kib"] = [rss_kib(c) for c in children(server.pid)]
                     if done % 50 == 0:
                         print(f"{done} requests, {time.monotonic() - t0:.0f} s, server RSS {rss_kib(server.pid)} KiB, "
                               f"{outcomes}", flush=True)
@@ -192,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             "requests": args.requests, "clients": args.clients, "seconds": time.monotonic() - t0,
             "outcomes": outcomes, "failures": failures[:20],
             "draft_version": metric(base_url, "pyspec_draft_version", '{slot=""}'),
+            "requests_per_reload": args.requests / max(1.0, metric(base_url, "pyspec_online_updates_total")),
             "online_updates": metric(base_url, "pyspec_online_updates_total"),
             "online_failed_updates": metric(base_url, "pyspec_online_failed_updates_total"),
             "pool_saves": metric(base_url, "pyspec_pool_saves_total"),
