@@ -32,6 +32,9 @@ class ServerProcess:
             [sys.executable, "-m", "pyspec.cli", "-v", "serve", "--host", "127.0.0.1", "--port", str(self.port),
              *args],
             stdout=self._log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            # Not the repository root: `python -m` puts the working directory first on sys.path, and there the
+            # source tree (without the built extension) would shadow the installed package.
+            cwd=log_path.parent,
         )
         deadline = time.monotonic() + timeout
         while True:
