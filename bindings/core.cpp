@@ -196,6 +196,7 @@ NB_MODULE(_core, m) {
         .def_rw("max_depth", &spec::AutoParams::max_depth)
         .def_rw("max_nodes", &spec::AutoParams::max_nodes)
         .def_rw("max_gamma", &spec::AutoParams::max_gamma)
+        .def_rw("adapt_costs", &spec::AutoParams::adapt_costs)
         .def_rw("use_draft_model", &spec::AutoParams::use_draft_model);
 
     nb::class_<spec::CostCurve>(m, "CostCurve")
@@ -220,20 +221,31 @@ NB_MODULE(_core, m) {
         }, "tokens"_a, "parents"_a, "kinds"_a, "actual"_a)
         .def("model_acceptance", &spec::AcceptanceStats::model_acceptance)
         .def("clear", &spec::AcceptanceStats::clear);
-    m.def("kind_lookup", &spec::kind_lookup, "ngram"_a);
-    m.def("kind_pool", &spec::kind_pool, "key_len"_a);
+    m.def("kind_lookup", &spec::kind_lookup, "match_len"_a);
+    m.def("kind_pool", &spec::kind_pool, "match_len"_a);
     m.def("kind_model", &spec::kind_model, "probability"_a);
 
     nb::class_<spec::DraftPlan>(m, "DraftPlan")
         .def_ro("keep", &spec::DraftPlan::keep)
         .def_ro("expected_tokens", &spec::DraftPlan::expected_tokens)
         .def_ro("ms", &spec::DraftPlan::ms);
-    m.def("plan_draft", &spec::plan_draft, "parents"_a, "kinds"_a, "stats"_a, "target"_a, "sunk_ms"_a);
+    m.def("plan_draft", &spec::plan_draft, "parents"_a, "kinds"_a, "stats"_a, "step_ms"_a, "sunk_ms"_a);
     nb::class_<spec::ChainPlan>(m, "ChainPlan")
         .def_ro("gamma", &spec::ChainPlan::gamma)
         .def_ro("expected_tokens", &spec::ChainPlan::expected_tokens)
         .def_ro("ms", &spec::ChainPlan::ms);
-    m.def("plan_chain", &spec::plan_chain, "alpha"_a, "target"_a, "draft"_a, "gamma_max"_a);
+    m.def("plan_chain", &spec::plan_chain, "alpha"_a, "step_ms"_a, "draft_token_ms"_a, "gamma_max"_a);
+
+    nb::class_<spec::CostModel>(m, "CostModel")
+        .def(nb::init<>())
+        .def("set_prior", &spec::CostModel::set_prior, "prior"_a)
+        .def_prop_ro("prior", &spec::CostModel::prior)
+        .def("at", &spec::CostModel::at, "k"_a)
+        .def("table", &spec::CostModel::table, "k_max"_a, "corrected"_a = true)
+        .def("observe", &spec::CostModel::observe, "k"_a, "ms"_a)
+        .def("correction", &spec::CostModel::correction, "k"_a)
+        .def("n_observed", nb::overload_cast<int32_t>(&spec::CostModel::n_observed, nb::const_), "k"_a)
+        .def_prop_ro("n_observed_total", nb::overload_cast<>(&spec::CostModel::n_observed, nb::const_));
 
     nb::class_<spec::LookupParams>(m, "LookupParams")
         .def(nb::init<>())
@@ -513,6 +525,9 @@ NB_MODULE(_core, m) {
             return std::make_pair(model.cached_tokens(), pos_max);
         }, "use_draft"_a = false, "draft_name"_a = "",
            "(tokens the prefix cache holds in sequence 0, llama.cpp's highest position per sequence or -1)")
+        .def("cost_model", [](spec::Engine& e) { return e.target_cost_model(); },
+             "A copy of the target's cost model: its calibration prior and the corrections learnt from the "
+             "steps decoded so far.")
         .def("system_info", [](spec::Engine&) { return spec::backend_description(); })
         .def("close", &spec::Engine::close);
 }

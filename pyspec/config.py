@@ -79,6 +79,7 @@ class GenerationConfig:
     auto_max_nodes: int = 32
     auto_max_gamma: int = 8
     auto_draft_model: bool = True
+    auto_adapt_costs: bool = True
     seed: int | None = None
     lookup_ngram_max: int = 3
     lookup_ngram_min: int = 1
@@ -129,6 +130,7 @@ class GenerationConfig:
         p.scheduler.max_nodes = self.auto_max_nodes
         p.scheduler.max_gamma = self.auto_max_gamma
         p.scheduler.use_draft_model = self.auto_draft_model
+        p.scheduler.adapt_costs = self.auto_adapt_costs
         p.lookup.ngram_max = self.lookup_ngram_max
         p.lookup.ngram_min = self.lookup_ngram_min
         p.tree.n_nodes = self.tree_nodes

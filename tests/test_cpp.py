@@ -23,7 +23,8 @@ def test_cpp_unit_tests(tmp_path: Path) -> None:
     cfg = run("cmake", "-S", str(ROOT), "-B", str(build), "-DPYSPEC_BUILD_TESTS=ON", f"-DCMAKE_PREFIX_PATH={site}",
               f"-DPython_EXECUTABLE={sys.executable}")
     assert cfg.returncode == 0, cfg.stdout[-3000:] + cfg.stderr[-3000:]
-    bld = run("cmake", "--build", str(build), "--target", "test_verify", "test_lookup", "test_tree", "test_phrase_pool", "test_schedule", "-j2")
+    bld = run("cmake", "--build", str(build), "--target", "test_verify", "test_lookup", "test_tree", "test_phrase_pool", "test_schedule",
+              "test_cost_model", "-j2")
     assert bld.returncode == 0, bld.stdout[-3000:] + bld.stderr[-3000:]
     test = run("ctest", "--test-dir", str(build), "--output-on-failure")
     assert test.returncode == 0, test.stdout[-5000:] + test.stderr[-3000:]

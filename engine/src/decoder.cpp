@@ -37,8 +37,9 @@ struct Request {
     Draft draft;
     std::vector<int32_t> parents;     // [n] the draft's tree (a chain spelled out)
     TreeBatchLayout layout;
-    std::vector<float> target_probs;  // [n + 1, n_vocab]
-    std::vector<int32_t> target_argmax;
+    std::vector<std::vector<float>> row_probs;  // [n + 1][n_vocab] sampled: target rows, on first use
+    std::vector<uint8_t> row_ready;             // [n + 1] row_probs[r] holds this step's row r
+    std::vector<int32_t> target_argmax;         // [n + 1] greedy: the target's token after each row
     std::vector<float> row, residual;
     std::vector<int32_t> scratch;
     // Methods with a draft head: the target's hidden state of the row that chose the last
@@ -86,18 +87,24 @@ TreeVerdict verify_step(Request& req) {
         for (int32_t i = 0; i <= n; ++i) req.target_argmax[size_t(i)] = argmax(req.target.logits(i), n_vocab);
         return verify_tree_greedy(req.draft.tokens, req.parents, req.target_argmax);
     }
-    req.target_probs.resize(size_t(n + 1) * size_t(n_vocab));
-    for (int32_t i = 0; i <= n; ++i) {
-        compute_probs(req.target.logits(i), n_vocab, params.sampling, req.row, req.scratch);
-        std::copy(req.row.begin(), req.row.end(), req.target_probs.begin() + size_t(i) * size_t(n_vocab));
-    }
+    // Probabilities only for the rows verification walks through (the root and each accepted
+    // node), computed on first use: a rejected long draft costs one or two rows, not n + 1.
+    if (req.row_probs.size() < size_t(n + 1)) req.row_probs.resize(size_t(n + 1));
+    req.row_ready.assign(size_t(n + 1), 0);
+    const TargetRowFn target_row = [&req, n_vocab, &params](int32_t r) -> const float* {
+        std::vector<float>& row = req.row_probs[size_t(r)];
+        if (!req.row_ready[size_t(r)]) {
+            compute_probs(req.target.logits(r), n_vocab, params.sampling, row, req.scratch);
+            req.row_ready[size_t(r)] = 1;
+        }
+        return row.data();
+    };
     if (params.acceptance == "typical") {
-        return verify_tree_typical(req.draft.tokens, req.parents, req.target_probs.data(), n_vocab,
-                                   params.typical_epsilon, params.typical_delta, req.rng);
+        return verify_tree_typical(req.draft.tokens, req.parents, target_row, n_vocab, params.typical_epsilon,
+                                   params.typical_delta, req.rng);
     }
     const float* q = req.draft.probs.empty() ? nullptr : req.draft.probs.data();  // nullptr: one-hot
-    return verify_tree_rejection(req.draft.tokens, req.parents, req.target_probs.data(), q, n_vocab, req.rng,
-                                 req.residual);
+    return verify_tree_rejection(req.draft.tokens, req.parents, target_row, q, n_vocab, req.rng, req.residual);
 }
 
 // Keeps the root and the accepted path in sequence 0 of the target's KV cache; drops the rest.
@@ -381,8 +388,9 @@ std::vector<float> Engine::evaluate_rows(Model& model, const std::vector<int32_t
 CostCurve Engine::measure_target_cost(const std::vector<int32_t>& sizes, int32_t repeats,
                                       const CalibrationProgress& progress) {
     Model& model = target();
-    target_cost_ = measure_cost_curve(model, sizes.empty() ? default_calibration_sizes() : sizes, repeats, true, progress);
-    return target_cost_;
+    const CostCurve curve = measure_cost_curve(model, sizes.empty() ? default_calibration_sizes() : sizes, repeats, true, progress);
+    target_costs_.set_prior(curve);
+    return curve;
 }
 
 CostCurve Engine::measure_draft_cost(const std::string& name, const std::vector<int32_t>& sizes, int32_t repeats,
@@ -396,8 +404,7 @@ CostCurve Engine::measure_draft_cost(const std::string& name, const std::vector<
 
 void Engine::set_target_cost(const CostCurve& curve) {
     check_open();
-    spec::validate(curve);
-    target_cost_ = curve;
+    target_costs_.set_prior(curve);
 }
 
 void Engine::set_draft_cost(const CostCurve& curve, const std::string& name) {
@@ -411,7 +418,9 @@ void Engine::set_draft_cost(const CostCurve& curve, const std::string& name) {
     it->second.cost = curve;
 }
 
-CostCurve Engine::target_cost() const { return target_cost_; }
+CostCurve Engine::target_cost() const { return target_costs_.prior(); }
+
+const CostModel& Engine::target_cost_model() const { return target_costs_; }
 
 CostCurve Engine::draft_cost(const std::string& name) const {
     std::lock_guard<std::mutex> lock(drafts_mutex_);
@@ -445,9 +454,9 @@ std::unique_ptr<Drafter> Engine::make_drafter(const GenerateParams& params) {
         }
     }
     if (method.needs_cost_curves) {
-        if (target_cost_.empty()) measure_target_cost();
+        if (target_costs_.empty()) measure_target_cost();
         if (resources.draft && draft_cost(params.draft).empty()) measure_draft_cost(params.draft);
-        resources.target_cost = &target_cost_;
+        resources.target_cost = &target_costs_;
         if (resources.draft) {
             // The slot's curve lives in drafts_, which only changes between generations.
             std::lock_guard<std::mutex> lock(drafts_mutex_);
@@ -560,6 +569,8 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
         decode_draft(req, batch);
         ++stats.n_target_calls;
         const TreeVerdict verdict = verify_step(req);
+        // What a step of this size costs now, for the planner's next steps (spec/cost_model.h).
+        target_costs_.observe(1 + int32_t(req.draft.tokens.size()), ms_since(t0));
         if (drafter && params.sampling.greedy() && !req.draft.tokens.empty()) drafter->observe_target(req.draft.tokens, req.parents, req.target_argmax);
         stats.t_verify_ms += ms_since(t0);
 

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "spec/cost_model.h"
 #include "spec/drafter.h"
 #include "spec/error.h"
 #include "spec/model.h"
@@ -21,7 +22,7 @@ constexpr double kModelMargin = 1.02;
 
 class AutoDrafter final : public Drafter {
 public:
-    AutoDrafter(Model* model, const CostCurve* draft_cost, const CostCurve& target_cost, AcceptanceStats& stats,
+    AutoDrafter(Model* model, const CostCurve* draft_cost, const CostModel& target_cost, AcceptanceStats& stats,
                 PhrasePool* pool, const LookupParams& lookup, const PoolParams& pool_params, const AutoParams& params)
         : lookup_(make_pool_lookup_drafter(lookup, pool, pool_params)),
           model_(model && draft_cost ? model : nullptr),
@@ -36,7 +37,6 @@ public:
         lookup_->begin(prompt);
         chain_.reset();  // the draft model's cache is filled the first time it drafts
         shadows_.clear();
-        n_model_decodes_before_ = 0;
     }
 
     void draft(const DraftRequest& request, Draft& out) override {
@@ -55,11 +55,14 @@ public:
             shadows_.push_back({int32_t(request.tokens->size()), *std::max_element(depths.begin(), depths.end()) + 1,
                                 free_.tokens, free_.parents, free_.kinds});
         }
-        const DraftPlan free_plan = plan_draft(free_parents, free_.kinds, acceptance_, target_cost_, 0.0);
+        // The step costs as the engine has seen them lately (its calibration, corrected online).
+        const int32_t gamma_max = model_ ? std::min(params_.max_gamma, request.n_draft_max) : 0;
+        step_ms_ = target_cost_.table(std::max(int32_t(free_.tokens.size()), gamma_max) + 1, params_.adapt_costs);
+        const DraftPlan free_plan = plan_draft(free_parents, free_.kinds, acceptance_, step_ms_, 0.0);
 
         if (model_) {
-            const int32_t gamma_max = std::min(params_.max_gamma, request.n_draft_max);
-            const ChainPlan chain_plan = plan_chain(acceptance_.model_acceptance(), target_cost_, *draft_cost_, gamma_max);
+            const ChainPlan chain_plan =
+                plan_chain(acceptance_.model_acceptance(), step_ms_, draft_cost_->at(1), gamma_max);
             if (chain_plan.gamma > 0 && chain_plan.tokens_per_ms() > kModelMargin * free_plan.tokens_per_ms()) {
                 draft_with_model(request, chain_plan.gamma, out);
                 return;
@@ -97,7 +100,7 @@ public:
 
     DrafterStats stats() const override {
         DrafterStats s = stats_;
-        s.n_model_decodes = n_model_decodes_before_ + (chain_ ? chain_->stats().n_model_decodes : 0);
+        s.n_model_decodes = chain_ ? chain_->stats().n_model_decodes : 0;
         return s;
     }
 
@@ -108,14 +111,7 @@ private:
 
     void draft_with_model(const DraftRequest& request, int32_t gamma, Draft& out) {
         const auto t0 = std::chrono::steady_clock::now();
-        // The chain drafter feeds what it missed in one decode; after a long stretch without the
-        // model that would overflow a batch, so it starts over (its prefill goes in chunks).
-        const int32_t n_missed = int32_t(request.tokens->size()) - n_committed_at_model_;
-        if (chain_ && n_missed + gamma >= model_->params().n_batch) {
-            n_model_decodes_before_ += chain_->stats().n_model_decodes;
-            chain_.reset();
-        }
-        n_committed_at_model_ = int32_t(request.tokens->size());
+        // The chain drafter catches up on the tokens committed since it last drafted itself.
         if (!chain_) {
             chain_ = make_model_chain_drafter(*model_);
             chain_->begin(*request.tokens);  // catches up on the prompt and the output so far
@@ -128,7 +124,10 @@ private:
             // The chain's length may depend on the drafted tokens only when they are not sampled.
             const double sunk_ms =
                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-            const DraftPlan plan = plan_draft(parents_of(out), out.kinds, acceptance_, target_cost_, sunk_ms);
+            if (step_ms_.size() < out.tokens.size() + 2) {
+                step_ms_ = target_cost_.table(int32_t(out.tokens.size()) + 1, params_.adapt_costs);
+            }
+            const DraftPlan plan = plan_draft(parents_of(out), out.kinds, acceptance_, step_ms_, sunk_ms);
             keep_nodes(plan.keep, model_->n_vocab(), out.tokens, out.parents, out.kinds, out.probs);
         }
         model_draft_.tokens = out.tokens;
@@ -154,12 +153,11 @@ private:
     std::unique_ptr<Drafter> chain_;  // the draft model's chain drafter, once it has drafted
     Model* model_;                    // null: the draft model is not considered
     const CostCurve* draft_cost_;
-    const CostCurve& target_cost_;
+    const CostModel& target_cost_;
+    std::vector<double> step_ms_;     // this step's cost table: target_cost_.table(...)
     AcceptanceStats& acceptance_;
     AutoParams params_;
     Drafter* used_ = nullptr;         // the drafter whose proposal went out last step (null: none)
-    int32_t n_committed_at_model_ = 0;    // committed tokens when the model last drafted
-    int64_t n_model_decodes_before_ = 0;  // decodes of chain drafters started over
     Draft free_;
     Draft model_draft_;  // the model's last draft as verified (tokens, parents, kinds)
     // A free proposal awaiting its score: its root was committed[position - 1]; depth: its
@@ -185,11 +183,11 @@ void validate(const AutoParams& params) {
     if (params.max_gamma < 1) throw InvalidArgumentError("auto max_gamma must be >= 1, got " + std::to_string(params.max_gamma));
 }
 
-std::unique_ptr<Drafter> make_auto_drafter(Model* draft_model, const CostCurve* draft_cost, const CostCurve& target_cost,
+std::unique_ptr<Drafter> make_auto_drafter(Model* draft_model, const CostCurve* draft_cost, const CostModel& target_cost,
                                            AcceptanceStats& stats, PhrasePool* pool, const LookupParams& lookup,
                                            const PoolParams& pool_params, const AutoParams& params) {
     validate(params);
-    validate(target_cost);
+    validate(target_cost.prior());
     if (draft_cost) validate(*draft_cost);
     return std::make_unique<AutoDrafter>(draft_model, draft_cost, target_cost, stats, pool, lookup, pool_params, params);
 }

@@ -52,7 +52,10 @@ public:
             const int32_t pos = start + i;
             out.tokens.push_back(pos < n_tokens ? tokens_[size_t(pos)] : out.tokens[size_t(pos - n_tokens)]);
         }
-        out.kinds.assign(out.tokens.size(), kind_lookup(match.n));
+        // Node i continues a match of match.n + i tokens (spec/schedule.h, node kinds).
+        const int32_t n_matched = matched_length(match);
+        out.kinds.resize(out.tokens.size());
+        for (size_t i = 0; i < out.tokens.size(); ++i) out.kinds[i] = kind_lookup(n_matched + int32_t(i));
         stats_.n_proposed += int64_t(out.tokens.size());
     }
 
@@ -116,6 +119,18 @@ private:
             if (std::equal(tokens_.end() - n, tokens_.end(), tokens_.begin() + (start - n))) return {start, n};
         }
         return {};
+    }
+
+    // How many tokens before the continuation agree with the end of the sequence: the n-gram the
+    // index found, extended backwards up to kMaxMatchLen (the index only knows up to ngram_max).
+    int32_t matched_length(const Match& match) const {
+        const int32_t n_tokens = int32_t(tokens_.size());
+        int32_t n = match.n;
+        while (n < kMaxMatchLen && match.start - n - 1 >= 0 &&
+               tokens_[size_t(match.start - n - 1)] == tokens_[size_t(n_tokens - n - 1)]) {
+            ++n;
+        }
+        return n;
     }
 
     LookupParams params_;

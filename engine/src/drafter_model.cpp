@@ -31,9 +31,16 @@ public:
         const int32_t n_vocab = model_.n_vocab();
         const int32_t n_ctx = model_.n_ctx();
 
-        // Feed committed tokens the draft has not seen yet (usually the last one or two).
-        pending_.assign(tokens.begin() + n_past_, tokens.end());
+        // Feed committed tokens the draft has not seen yet: usually the last one or two; after a
+        // stretch without drafting (method auto) possibly many, caught up in n_batch chunks.
+        const int32_t n_batch = model_.params().n_batch;
         int32_t pos = n_past_;
+        while (int32_t(tokens.size()) - pos > n_batch) {
+            model_.decode_seq(tokens.data() + pos, n_batch, pos, false);
+            ++stats_.n_model_decodes;
+            pos += n_batch;
+        }
+        pending_.assign(tokens.begin() + pos, tokens.end());
         const int32_t n_max = std::min(request.n_draft_max, n_ctx - int32_t(tokens.size()));
         for (int32_t i = 0; i < n_max; ++i) {
             model_.decode_seq(pending_.data(), int32_t(pending_.size()), pos, false);

@@ -85,8 +85,16 @@ public:
                 if (seen) continue;
                 const int32_t n = std::min<int32_t>(int32_t(phrase.size()) - k, depth_max);
                 out.kinds.resize(out.tokens.size(), kKindUnknown);
-                add_chain(out.tokens, out.parents, parent, phrase.data() + k, n, max_nodes);
-                out.kinds.resize(out.tokens.size(), kind_pool(k));
+                const size_t n_before = out.tokens.size();
+                const int32_t deepest = add_chain(out.tokens, out.parents, parent, phrase.data() + k, n, max_nodes);
+                // The new nodes are the end of the phrase's placed part; the node at phrase
+                // offset c continues a match of k + c tokens (spec/schedule.h, node kinds).
+                int32_t n_placed = 0;
+                for (int32_t v = deepest; v != parent; v = out.parents[size_t(v)]) ++n_placed;
+                const int32_t first = n_placed - int32_t(out.tokens.size() - n_before);
+                for (size_t i = n_before; i < out.tokens.size(); ++i) {
+                    out.kinds.push_back(kind_pool(k + first + int32_t(i - n_before)));
+                }
                 used_.push_back({phrase, k, parent});
             }
         }

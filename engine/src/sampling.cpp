@@ -401,10 +401,13 @@ void top_k_entries(const float* probs, int32_t n, int32_t k, std::vector<int32_t
 }
 
 float token_probability(const float* logits, int32_t n_vocab, int32_t token) {
-    const float max = logits[argmax(logits, n_vocab)];
-    double sum = 0.0;
-    for (int32_t i = 0; i < n_vocab; ++i) sum += std::exp(double(logits[i] - max));
-    return float(std::exp(double(logits[token] - max)) / sum);
+    check_size(n_vocab, "token_probability");
+    // The vectorised weights (float exp, double sum), not a serial double exp per entry: this
+    // runs once per drafted token on the hot path.
+    thread_local std::vector<float> weights;
+    weights.resize(size_t(n_vocab));
+    const double sum = write_weights(logits, n_vocab, max_of(logits, n_vocab), 1.0f, weights.data());
+    return sum > 0.0 ? float(double(weights[size_t(token)]) / sum) : 0.0f;
 }
 
 float token_logprobs(const float* logits, int32_t n_vocab, int32_t token, int32_t k, std::vector<int32_t>& top_ids,

@@ -45,24 +45,43 @@ CostCurve monotone(CostCurve curve) {
     return curve;
 }
 
-uint8_t kind_lookup(int32_t ngram) { return uint8_t(std::clamp(ngram, 1, 16)); }
-uint8_t kind_pool(int32_t key_len) { return uint8_t(16 + std::clamp(key_len, 1, 16)); }
-uint8_t kind_model(float probability) {
-    const int32_t decile = std::clamp(int32_t(probability * 10.0f), 0, 9);
-    return uint8_t(33 + decile);
-}
-bool is_model_kind(uint8_t kind) { return kind >= 33 && kind < kNumKinds; }
-
 namespace {
 
+// Shortest match length of each bucket; bucket i holds [kBucketStart[i], kBucketStart[i + 1]).
+constexpr int32_t kBucketStart[kMatchBuckets] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 13, 17, 25, 33, 49, 65};
+
+int32_t match_bucket(int32_t match_len) {
+    int32_t b = 0;
+    while (b + 1 < kMatchBuckets && kBucketStart[b + 1] <= match_len) ++b;
+    return b;
+}
+
+constexpr int32_t kFirstLookup = 1, kFirstPool = kFirstLookup + kMatchBuckets;
+constexpr int32_t kFirstModel = kFirstPool + kMatchBuckets, kModelKinds = 10;
+
 double prior_mean(int32_t kind) {
-    if (kind >= 33 && kind < kNumKinds) return (kind - 33 + 0.5) / 10.0;
+    if (is_model_kind(uint8_t(kind))) return (kind - kFirstModel + 0.5) / kModelKinds;
+    if (kind >= kFirstLookup && kind < kFirstModel) {
+        const double m = kBucketStart[(kind - kFirstLookup) % kMatchBuckets];
+        return m / (m + 2.0);
+    }
     return 0.5;
 }
 
-int32_t depth_cell(int32_t depth) { return std::clamp(depth, 0, kKindDepths - 1); }
+int32_t depth_cell(int32_t kind, int32_t depth) {
+    return kind_has_depth(uint8_t(kind)) ? std::clamp(depth, 0, kKindDepths - 1) : 0;
+}
 
 }  // namespace
+
+uint8_t kind_lookup(int32_t match_len) { return uint8_t(kFirstLookup + match_bucket(match_len)); }
+uint8_t kind_pool(int32_t match_len) { return uint8_t(kFirstPool + match_bucket(match_len)); }
+uint8_t kind_model(float probability) {
+    const int32_t decile = std::clamp(int32_t(probability * kModelKinds), 0, kModelKinds - 1);
+    return uint8_t(kFirstModel + decile);
+}
+bool is_model_kind(uint8_t kind) { return kind >= kFirstModel && kind < kFirstModel + kModelKinds; }
+bool kind_has_depth(uint8_t kind) { return kind < kFirstLookup || kind >= kFirstModel; }
 
 AcceptanceStats::AcceptanceStats() { clear(); }
 
@@ -75,13 +94,13 @@ void AcceptanceStats::clear() {
 
 double AcceptanceStats::estimate(uint8_t kind, int32_t depth) const {
     const int32_t k = kind < kNumKinds ? kind : 0;
-    const int32_t d = depth_cell(depth);
+    const int32_t d = depth_cell(k, depth);
     return (hits_[k][d] + kPriorWeight * prior_mean(k)) / (tries_[k][d] + kPriorWeight);
 }
 
 void AcceptanceStats::record(uint8_t kind, int32_t depth, bool accepted) {
     const int32_t k = kind < kNumKinds ? kind : 0;
-    const int32_t d = depth_cell(depth);
+    const int32_t d = depth_cell(k, depth);
     hits_[k][d] += accepted ? 1.0 : 0.0;
     tries_[k][d] += 1.0;
     if (tries_[k][d] >= kHalfLife) {
@@ -121,8 +140,12 @@ void AcceptanceStats::record_outcome(const std::vector<int32_t>& tokens, const s
 }
 
 DraftPlan plan_draft(const std::vector<int32_t>& parents, const std::vector<uint8_t>& kinds,
-                     const AcceptanceStats& stats, const CostCurve& target, double sunk_ms) {
+                     const AcceptanceStats& stats, const std::vector<double>& step_ms, double sunk_ms) {
     const size_t n = parents.size();
+    if (step_ms.size() < n + 2) {
+        throw InvalidArgumentError("plan_draft: a cost table of " + std::to_string(step_ms.size()) +
+                                   " entries for a draft of " + std::to_string(n) + " nodes");
+    }
     // P(path to v accepted), with siblings sharing their parent's probability mass.
     std::vector<double> path_prob(n, 0.0), mass_used(n + 1, 0.0);  // mass_used[p + 1]
     std::vector<int32_t> depth(n, 0);
@@ -140,12 +163,12 @@ DraftPlan plan_draft(const std::vector<int32_t>& parents, const std::vector<uint
                      [&](int32_t a, int32_t b) { return path_prob[size_t(a)] > path_prob[size_t(b)]; });
 
     DraftPlan best;
-    best.ms = sunk_ms + target.at(1);
+    best.ms = sunk_ms + step_ms[1];
     double tokens = 1.0;
     size_t best_n = 0;
     for (size_t k = 1; k <= n; ++k) {
         tokens += path_prob[size_t(order[k - 1])];
-        const double ms = sunk_ms + target.at(int32_t(k) + 1);
+        const double ms = sunk_ms + step_ms[k + 1];
         if (tokens / ms > best.tokens_per_ms()) {
             best.expected_tokens = tokens;
             best.ms = ms;
@@ -157,14 +180,18 @@ DraftPlan plan_draft(const std::vector<int32_t>& parents, const std::vector<uint
     return best;
 }
 
-ChainPlan plan_chain(double alpha, const CostCurve& target, const CostCurve& draft, int32_t gamma_max) {
+ChainPlan plan_chain(double alpha, const std::vector<double>& step_ms, double draft_token_ms, int32_t gamma_max) {
+    if (int32_t(step_ms.size()) < gamma_max + 2) {
+        throw InvalidArgumentError("plan_chain: a cost table of " + std::to_string(step_ms.size()) +
+                                   " entries for chains of up to " + std::to_string(gamma_max) + " tokens");
+    }
     ChainPlan best;
-    best.ms = target.at(1);
+    best.ms = step_ms[1];
     double tokens = 1.0, reach = 1.0;
     for (int32_t g = 1; g <= gamma_max; ++g) {
         reach *= alpha;
         tokens += reach;
-        const double ms = g * draft.at(1) + target.at(g + 1);
+        const double ms = g * draft_token_ms + step_ms[size_t(g + 1)];
         if (tokens / ms > best.tokens_per_ms()) best = {g, tokens, ms};
     }
     return best;

@@ -89,18 +89,26 @@ TreeVerdict verify_tree_greedy(const std::vector<int32_t>& tokens, const std::ve
 TreeVerdict verify_tree_rejection(const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents,
                                   const float* target_probs, const float* draft_probs, int32_t n_vocab,
                                   Rng& rng, std::vector<float>& residual) {
+    const size_t row_size = size_t(std::max(n_vocab, 0));
+    return verify_tree_rejection(tokens, parents, [&](int32_t row) { return target_probs + size_t(row) * row_size; },
+                                 draft_probs, n_vocab, rng, residual);
+}
+
+TreeVerdict verify_tree_rejection(const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents,
+                                  const TargetRowFn& target_row, const float* draft_probs, int32_t n_vocab,
+                                  Rng& rng, std::vector<float>& residual) {
     check_tree_args(tokens, parents, n_vocab, "verify_tree_rejection");
     const auto children = children_by_row(parents);
     const size_t row_size = size_t(n_vocab);
     if (!draft_probs) {
         // Deterministic candidates: one draw per row, matched against the children (see header).
         return walk_matching(tokens, children,
-                             [&](size_t row) { return sample_from(target_probs + row * row_size, n_vocab, rng); });
+                             [&](size_t row) { return sample_from(target_row(int32_t(row)), n_vocab, rng); });
     }
     TreeVerdict verdict;
     size_t row = 0;
     for (;;) {
-        const float* p = target_probs + row * row_size;  // the current target: row, then residuals
+        const float* p = target_row(int32_t(row));  // the current target: row, then residuals
         bool residual_in_use = false;
         int32_t next = -1;
         for (int32_t c : children[row]) {
@@ -142,13 +150,21 @@ TreeVerdict verify_tree_rejection(const std::vector<int32_t>& tokens, const std:
 TreeVerdict verify_tree_typical(const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents,
                                 const float* target_probs, int32_t n_vocab, float epsilon, float delta,
                                 Rng& rng) {
+    const size_t row_size = size_t(std::max(n_vocab, 0));
+    return verify_tree_typical(tokens, parents, [&](int32_t row) { return target_probs + size_t(row) * row_size; },
+                               n_vocab, epsilon, delta, rng);
+}
+
+TreeVerdict verify_tree_typical(const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents,
+                                const TargetRowFn& target_row, int32_t n_vocab, float epsilon, float delta,
+                                Rng& rng) {
     check_tree_args(tokens, parents, n_vocab, "verify_tree_typical");
     const auto children = children_by_row(parents);
     const size_t row_size = size_t(n_vocab);
     TreeVerdict verdict;
     size_t row = 0;
     for (;;) {
-        const float* p = target_probs + row * row_size;
+        const float* p = target_row(int32_t(row));
         double entropy = 0.0;
         for (size_t j = 0; j < row_size; ++j) {
             if (p[j] > 0.0f) entropy -= double(p[j]) * std::log(double(p[j]));

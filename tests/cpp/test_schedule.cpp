@@ -34,24 +34,51 @@ void test_cost_curve() {
     CHECK((m.ms == std::vector<double>{100, 300, 300}));
 }
 
+// step_ms table [k_max + 1] from a curve, as CostModel::table gives it with no correction.
+std::vector<double> table(const CostCurve& c, int32_t k_max) {
+    std::vector<double> t(size_t(k_max) + 1, 0.0);
+    for (int32_t k = 1; k <= k_max; ++k) t[size_t(k)] = c.at(k);
+    return t;
+}
+
+void test_kinds() {
+    // Context-match kinds are keyed by match length buckets; lookup, pool and model kinds differ.
+    CHECK(kind_lookup(1) != kind_lookup(2));
+    CHECK(kind_lookup(9) == kind_lookup(10));   // 9-10
+    CHECK(kind_lookup(13) == kind_lookup(16));  // 13-16
+    CHECK(kind_lookup(65) == kind_lookup(1000));
+    CHECK(kind_lookup(64) != kind_lookup(65));
+    CHECK(kind_pool(3) != kind_lookup(3));
+    CHECK(!is_model_kind(kind_pool(200)));
+    CHECK(is_model_kind(kind_model(0.0f)) && is_model_kind(kind_model(1.0f)));
+    CHECK(!kind_has_depth(kind_lookup(5)) && !kind_has_depth(kind_pool(5)));
+    CHECK(kind_has_depth(kind_model(0.5f)) && kind_has_depth(kKindUnknown));
+}
+
 void test_acceptance_stats() {
     AcceptanceStats s;
-    CHECK_NEAR(s.estimate(kind_lookup(3), 0), 0.5, 1e-12);          // prior
+    CHECK_NEAR(s.estimate(kind_lookup(3), 0), 3.0 / 5.0, 1e-12);    // prior m / (m + 2)
+    CHECK_NEAR(s.estimate(kind_lookup(40), 0), 33.0 / 35.0, 1e-12); // bucket 33-48
     CHECK_NEAR(s.estimate(kind_model(0.93f), 0), 0.95, 1e-12);      // decile middle
+    CHECK_NEAR(s.estimate(kKindUnknown, 0), 0.5, 1e-12);
     CHECK_NEAR(s.model_acceptance(), AcceptanceStats::kModelPrior, 1e-12);
-    for (int i = 0; i < 8; ++i) s.record(kind_lookup(3), 2, true);
-    // (8 + 2 * 0.5) / (8 + 2)
-    CHECK_NEAR(s.estimate(kind_lookup(3), 2), 0.9, 1e-12);
-    CHECK_NEAR(s.estimate(kind_lookup(3), 1), 0.5, 1e-12);  // depths are apart
-    CHECK_NEAR(s.estimate(kind_pool(3), 2), 0.5, 1e-12);    // and kinds
+    for (int i = 0; i < 8; ++i) s.record(kind_model(0.55f), 2, true);
+    // (8 + 2 * 0.55) / (8 + 2)
+    CHECK_NEAR(s.estimate(kind_model(0.55f), 2), 0.91, 1e-12);
+    CHECK_NEAR(s.estimate(kind_model(0.55f), 1), 0.55, 1e-12);  // model depths are apart
+    CHECK_NEAR(s.estimate(kind_model(0.75f), 2), 0.75, 1e-12);  // and deciles
+    // Context-match kinds carry their depth in the match length: one cell for every depth.
+    for (int i = 0; i < 8; ++i) s.record(kind_lookup(4), 5, false);
+    CHECK_NEAR(s.estimate(kind_lookup(4), 0), (0 + 2 * 4.0 / 6.0) / 10.0, 1e-12);
+    CHECK_NEAR(s.estimate(kind_pool(4), 0), 4.0 / 6.0, 1e-12);
     // Depth 7 and deeper share a cell.
-    s.record(kind_lookup(1), 9, false);
-    CHECK_NEAR(s.estimate(kind_lookup(1), 7), 1.0 / 3.0, 1e-12);
+    s.record(kKindUnknown, 9, false);
+    CHECK_NEAR(s.estimate(kKindUnknown, 7), 1.0 / 3.0, 1e-12);
     // Half-life: after many rejections the old acceptances fade.
-    for (int i = 0; i < 200; ++i) s.record(kind_lookup(3), 2, false);
-    CHECK(s.estimate(kind_lookup(3), 2) < 0.05);
+    for (int i = 0; i < 200; ++i) s.record(kind_model(0.55f), 2, false);
+    CHECK(s.estimate(kind_model(0.55f), 2) < 0.05);
     s.clear();
-    CHECK_NEAR(s.estimate(kind_lookup(3), 2), 0.5, 1e-12);
+    CHECK_NEAR(s.estimate(kind_model(0.55f), 2), 0.55, 1e-12);
 }
 
 void test_record_outcome() {
@@ -65,16 +92,17 @@ void test_record_outcome() {
     const Ids actual = {10, 11, 99};
     s.record_outcome(tokens, parents, kinds, actual.data(), 3);
     // Tried: 0 (accepted), 3 (rejected), 1 and 4 below 0 (1 accepted, 4 rejected), 2 (rejected).
-    CHECK_NEAR(s.estimate(kind_lookup(1), 0), (1 + 1.0) / 3.0, 1e-12);
-    CHECK_NEAR(s.estimate(kind_pool(1), 0), (0 + 1.0) / 3.0, 1e-12);
-    CHECK_NEAR(s.estimate(kind_lookup(2), 1), (1 + 1.0) / 3.0, 1e-12);
-    CHECK_NEAR(s.estimate(kind_pool(2), 1), (0 + 1.0) / 3.0, 1e-12);
-    CHECK_NEAR(s.estimate(kind_lookup(3), 2), (0 + 1.0) / 3.0, 1e-12);
+    auto prior = [](double m) { return m / (m + 2.0); };
+    CHECK_NEAR(s.estimate(kind_lookup(1), 0), (1 + 2 * prior(1)) / 3.0, 1e-12);
+    CHECK_NEAR(s.estimate(kind_pool(1), 0), (0 + 2 * prior(1)) / 3.0, 1e-12);
+    CHECK_NEAR(s.estimate(kind_lookup(2), 1), (1 + 2 * prior(2)) / 3.0, 1e-12);
+    CHECK_NEAR(s.estimate(kind_pool(2), 1), (0 + 2 * prior(2)) / 3.0, 1e-12);
+    CHECK_NEAR(s.estimate(kind_lookup(3), 2), (0 + 2 * prior(3)) / 3.0, 1e-12);
     // Only as deep as there are actual tokens: with one token, depth 1 is not scored.
     AcceptanceStats t;
     t.record_outcome(tokens, parents, kinds, actual.data(), 1);
-    CHECK_NEAR(t.estimate(kind_lookup(1), 0), 2.0 / 3.0, 1e-12);
-    CHECK_NEAR(t.estimate(kind_lookup(2), 1), 0.5, 1e-12);
+    CHECK_NEAR(t.estimate(kind_lookup(1), 0), (1 + 2 * prior(1)) / 3.0, 1e-12);
+    CHECK_NEAR(t.estimate(kind_lookup(2), 1), prior(2), 1e-12);
     // A chain (parents empty).
     AcceptanceStats u;
     const Ids chain = {5, 6, 7};
@@ -90,7 +118,7 @@ void test_plan_draft_hand_computed() {
     // Cost: 100 ms + 20 ms per extra token. Rates: none 1/100, one node 1.5/120 = 0.0125,
     // two 1.75/140 = 0.0125 (not better), three 1.875/160. The first best is kept: one node.
     AcceptanceStats s;
-    const CostCurve c = curve({1, 2, 3, 4}, {100, 120, 140, 160});
+    const std::vector<double> c = table(curve({1, 2, 3, 4}, {100, 120, 140, 160}), 4);
     const DraftPlan p = plan_draft(chain_parents(3), {}, s, c, 0.0);
     CHECK((p.keep == Ids{0}));
     CHECK_NEAR(p.expected_tokens, 1.5, 1e-12);
@@ -99,15 +127,16 @@ void test_plan_draft_hand_computed() {
     // sunk, two nodes win (1.75 / 190 > 1.875 / 210 > 1.5 / 170 > 1 / 150).
     CHECK((plan_draft(chain_parents(3), {}, s, c, 50.0).keep == Ids{0, 1}));
     // Verification as dear as decoding one token at a time never pays.
-    const CostCurve linear = curve({1, 2, 3, 4}, {100, 200, 300, 400});
+    const std::vector<double> linear = table(curve({1, 2, 3, 4}, {100, 200, 300, 400}), 4);
     CHECK(plan_draft(chain_parents(3), {}, s, linear, 0.0).keep.empty());
     // Well-accepted nodes on a flat curve: everything is kept.
-    for (int d = 0; d < 3; ++d) {
-        for (int i = 0; i < 20; ++i) s.record(kind_lookup(2), d, true);
-    }
-    const CostCurve flat = curve({1, 8}, {100, 100});
+    for (int i = 0; i < 20; ++i) s.record(kind_lookup(2), 0, true);
+    const std::vector<double> flat = table(curve({1, 8}, {100, 100}), 8);
     const DraftPlan all = plan_draft(chain_parents(3), Kinds(3, kind_lookup(2)), s, flat, 0.0);
     CHECK((all.keep == Ids{0, 1, 2}));
+    // A cost table too short for the draft is a caller's error, named.
+    CHECK(throws_invalid([&] { plan_draft(chain_parents(3), {}, s, std::vector<double>(3, 1.0), 0.0); },
+                         "cost table"));
 }
 
 void test_plan_draft_siblings_share_mass() {
@@ -118,20 +147,18 @@ void test_plan_draft_siblings_share_mass() {
     for (int i = 0; i < 40; ++i) s.record(kind_pool(4), 0, i % 10 != 0);
     const double a = s.estimate(kind_pool(4), 0);
     CHECK(a > 0.85);
-    const CostCurve c = curve({1, 2, 3}, {100, 160, 220});
+    const std::vector<double> c = table(curve({1, 2, 3}, {100, 160, 220}), 3);
     const DraftPlan p = plan_draft({-1, -1}, Kinds(2, kind_pool(4)), s, c, 0.0);
     CHECK((p.keep == Ids{0}));
     CHECK_NEAR(p.expected_tokens, 1.0 + a, 1e-12);
 }
 
 void test_plan_chain() {
-    const CostCurve target = curve({1, 16}, {100, 100});  // verification free up to 16 tokens
-    const CostCurve cheap = curve({1}, {1});
-    const CostCurve dear = curve({1}, {200});
-    CHECK(plan_chain(0.9, target, cheap, 8).gamma == 8);
-    CHECK(plan_chain(0.0, target, cheap, 8).gamma == 0);
-    CHECK(plan_chain(0.9, target, dear, 8).gamma == 0);  // a draft token costs two target tokens
-    const ChainPlan one = plan_chain(0.5, curve({1, 2}, {100, 110}), curve({1}, {10}), 1);
+    const std::vector<double> target = table(curve({1, 16}, {100, 100}), 16);  // verification free up to 16
+    CHECK(plan_chain(0.9, target, 1.0, 8).gamma == 8);
+    CHECK(plan_chain(0.0, target, 1.0, 8).gamma == 0);
+    CHECK(plan_chain(0.9, target, 200.0, 8).gamma == 0);  // a draft token costs two target tokens
+    const ChainPlan one = plan_chain(0.5, table(curve({1, 2}, {100, 110}), 2), 10.0, 1);
     CHECK(one.gamma == 1);
     CHECK_NEAR(one.expected_tokens, 1.5, 1e-12);
     CHECK_NEAR(one.ms, 120, 1e-12);
@@ -180,6 +207,7 @@ void test_deterministic_candidates_follow_the_random_stream() {
 
 int main() {
     test_cost_curve();
+    test_kinds();
     test_acceptance_stats();
     test_record_outcome();
     test_plan_draft_hand_computed();

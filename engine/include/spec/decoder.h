@@ -14,6 +14,7 @@
 
 #include "spec/calibrate.h"
 #include "spec/draft_head.h"
+#include "spec/cost_model.h"
 #include "spec/drafter.h"
 #include "spec/model.h"
 #include "spec/phrase_pool.h"
@@ -219,6 +220,10 @@ public:
     void set_target_cost(const CostCurve& curve);
     void set_draft_cost(const CostCurve& curve, const std::string& name = "");
     CostCurve target_cost() const;                            // empty when not measured
+    // The target's cost model: the curve above as its prior, corrected from the time of every
+    // step this engine has decoded (any method; spec/cost_model.h). set_/measure_target_cost
+    // install a new prior and forget the corrections.
+    const CostModel& target_cost_model() const;
     CostCurve draft_cost(const std::string& name = "") const;  // empty when not measured
 
     // Frees the models; any later call throws ClosedError.
@@ -249,7 +254,7 @@ private:
     mutable std::mutex drafts_mutex_;
     std::map<std::string, DraftSlot> drafts_;
     std::unique_ptr<PhrasePool> pool_;
-    CostCurve target_cost_;
+    CostModel target_costs_;
     std::unique_ptr<DraftHead> head_;  // guarded like the slots: replaced between generations
     int64_t head_version_ = 0;
     // The auto scheduler's running acceptance statistics per draft slot, across requests.

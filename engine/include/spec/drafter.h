@@ -186,6 +186,7 @@ std::unique_ptr<Drafter> make_ouroboros_drafter(Model& draft_model, PhrasePool& 
 void validate(const PoolParams& params);
 
 struct CostCurve;
+class CostModel;
 class AcceptanceStats;
 
 // Settings of the auto scheduler ("auto"): the largest proposals it considers per step; the
@@ -197,6 +198,9 @@ struct AutoParams {
     // Consider the draft model at all (needs its cost curve). Seeded sampled requests never use
     // it: with one-hot proposals only, the seed alone fixes their tokens (see the decoder).
     bool use_draft_model = true;
+    // Plan with the engine's cost model as corrected from the steps it has timed
+    // (spec/cost_model.h); false: with the calibrated curve alone.
+    bool adapt_costs = true;
 };
 
 // Throws InvalidArgumentError naming the bad field.
@@ -214,7 +218,7 @@ void validate(const AutoParams& params);
 // draft_model / draft_cost may be null: no model (the engine passes null when
 // params.use_draft_model is off or the request is seeded and sampled); target_cost must not be
 // empty.
-std::unique_ptr<Drafter> make_auto_drafter(Model* draft_model, const CostCurve* draft_cost, const CostCurve& target_cost,
+std::unique_ptr<Drafter> make_auto_drafter(Model* draft_model, const CostCurve* draft_cost, const CostModel& target_cost,
                                            AcceptanceStats& stats, PhrasePool* pool, const LookupParams& lookup,
                                            const PoolParams& pool_params, const AutoParams& params);
 

@@ -15,6 +15,7 @@ namespace spec {
 
 struct GenerateParams;
 struct CostCurve;
+class CostModel;
 class AcceptanceStats;
 class DraftHead;
 class Model;
@@ -46,7 +47,7 @@ struct DrafterResources {
     Model* target = nullptr;
     Model* draft = nullptr;                  // the request's draft slot (null: not used or empty)
     PhrasePool* pool = nullptr;              // the engine's phrase pool (always set)
-    const CostCurve* target_cost = nullptr;  // needs_cost_curves: measured before the factory runs
+    const CostModel* target_cost = nullptr;  // needs_cost_curves: measured before the factory runs
     const CostCurve* draft_cost = nullptr;   // needs_cost_curves and a draft: the slot's curve
     AcceptanceStats* acceptance = nullptr;   // needs_cost_curves: the slot's running statistics
     DraftHead* head = nullptr;               // needs_head: the engine's draft head (loaded)

@@ -38,17 +38,30 @@ CostCurve monotone(CostCurve curve);
 
 // Node kinds: what produced a draft node, the key of the acceptance statistics. Drafters fill
 // Draft::kinds with these (0 when they do not).
+//
+// Context-match nodes (prompt lookup, pool phrases) are keyed by their effective match length:
+// the number of tokens right before the node that agree with the earlier text the proposal was
+// copied from, counting the proposal's own nodes above it (a node at depth d below a match of L
+// tokens has L + d). The longer a copy has run, the likelier it goes on: that one number carries
+// what the depth of the node and the length of the key tell, and lets the planner draft long
+// exactly where a long copy is under way. Lengths are grouped into kMatchBuckets buckets
+// (1, 2, ..., 8, 9-10, 11-12, 13-16, 17-24, 25-32, 33-48, 49-64, 65 and more).
 constexpr uint8_t kKindUnknown = 0;
-uint8_t kind_lookup(int32_t ngram);       // prompt lookup after an n-gram match: 1..16
-uint8_t kind_pool(int32_t key_len);       // pool phrase found with a key of key_len tokens: 17..32
+constexpr int32_t kMatchBuckets = 16;
+constexpr int32_t kMaxMatchLen = 65;      // match lengths are measured up to this
+uint8_t kind_lookup(int32_t match_len);   // prompt / output lookup: 1..16
+uint8_t kind_pool(int32_t match_len);     // phrase-pool phrase: 17..32
 uint8_t kind_model(float probability);    // draft model, by the draft's probability decile: 33..42
 bool is_model_kind(uint8_t kind);
-constexpr int32_t kNumKinds = 43;
+// Whether a node's acceptance is also keyed by its depth (draft-model and unknown nodes);
+// context-match kinds carry their depth in the match length already.
+bool kind_has_depth(uint8_t kind);
+constexpr int32_t kNumKinds = 64;         // room for more drafters' kinds
 constexpr int32_t kKindDepths = 8;        // depths 0..6 apart, 7 and deeper together
 
 // Running acceptance statistics per (kind, depth): a Beta-like estimate with a prior mean per
-// kind (lookup and pool 0.5, draft model the middle of its decile) worth kPriorWeight
-// observations; counts are halved once a cell has seen kHalfLife tries, so the estimates follow
+// kind (context matches m / (m + 2) for the bucket's shortest match length m, draft model the
+// middle of its decile) worth kPriorWeight observations; counts are halved once a cell has seen kHalfLife tries, so the estimates follow
 // a changing stream (a prompt that starts copying, a reloaded draft).
 class AcceptanceStats {
 public:
@@ -89,26 +102,29 @@ private:
 struct DraftPlan {
     std::vector<int32_t> keep;     // kept node indices, increasing (parents before children)
     double expected_tokens = 1.0;  // 1 + sum of P over kept nodes
-    double ms = 0.0;               // sunk drafting time + target decode of keep.size() + 1 tokens
+    double ms = 0.0;               // sunk drafting time + a target step of keep.size() + 1 tokens
     double tokens_per_ms() const { return ms > 0 ? expected_tokens / ms : 0.0; }
 };
 
 // The prefix-closed node set with the best expected tokens per ms (the empty set, plain
 // decoding, included). Nodes are taken in decreasing P(v) order, which keeps parents before
 // children since a(v) < 1. parents empty: a chain. kinds empty: all unknown.
+// step_ms: [>= n + 2] step_ms[k] is the time of a target step of k tokens (CostModel::table);
+// entry 0 is unused.
 DraftPlan plan_draft(const std::vector<int32_t>& parents, const std::vector<uint8_t>& kinds,
-                     const AcceptanceStats& stats, const CostCurve& target, double sunk_ms);
+                     const AcceptanceStats& stats, const std::vector<double>& step_ms, double sunk_ms);
 
 // A draft-model chain not yet drafted: the length gamma in [0, gamma_max] with the best expected
 // tokens per ms when each token is accepted with probability alpha, drafting costs
-// draft.at(1) per token and verification target.at(gamma + 1). gamma 0 is plain decoding.
+// draft_token_ms per token and verification step_ms[gamma + 1] (step_ms: [>= gamma_max + 2], as
+// for plan_draft). gamma 0 is plain decoding.
 struct ChainPlan {
     int32_t gamma = 0;
     double expected_tokens = 1.0;
     double ms = 0.0;
     double tokens_per_ms() const { return ms > 0 ? expected_tokens / ms : 0.0; }
 };
-ChainPlan plan_chain(double alpha, const CostCurve& target, const CostCurve& draft, int32_t gamma_max);
+ChainPlan plan_chain(double alpha, const std::vector<double>& step_ms, double draft_token_ms, int32_t gamma_max);
 
 // Keeps only the nodes `keep` (increasing, prefix-closed) of a tree given by tokens / parents /
 // kinds / probs rows (each may be empty where the draft has none; parents empty: a chain, which

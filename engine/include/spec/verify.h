@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "spec/rng.h"
@@ -100,6 +101,15 @@ TreeVerdict verify_tree_rejection(const std::vector<int32_t>& tokens, const std:
                                   const float* target_probs, const float* draft_probs, int32_t n_vocab,
                                   Rng& rng, std::vector<float>& residual);
 
+// The target's probability row r ([n_vocab] float32, row 0: root, row i + 1: node i), valid until
+// the verification returns. The row-accessor forms below ask only for the rows on the path they
+// walk (the root, each accepted node), so a caller that computes probabilities on first use pays
+// for those rows alone instead of all n + 1.
+using TargetRowFn = std::function<const float*(int32_t row)>;
+TreeVerdict verify_tree_rejection(const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents,
+                                  const TargetRowFn& target_row, const float* draft_probs, int32_t n_vocab,
+                                  Rng& rng, std::vector<float>& residual);
+
 // Typical acceptance (Medusa): at the current node with target distribution p, accept the first
 // child whose token has p(x) > min(epsilon, delta * exp(-H(p))); when none qualifies, or at a
 // leaf, the next token is drawn from p. LOSSY: the output is not distributed as the target's
@@ -107,6 +117,9 @@ TreeVerdict verify_tree_rejection(const std::vector<int32_t>& tokens, const std:
 // target_probs: [n + 1, n_vocab]
 TreeVerdict verify_tree_typical(const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents,
                                 const float* target_probs, int32_t n_vocab, float epsilon, float delta,
+                                Rng& rng);
+TreeVerdict verify_tree_typical(const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents,
+                                const TargetRowFn& target_row, int32_t n_vocab, float epsilon, float delta,
                                 Rng& rng);
 
 }  // namespace spec

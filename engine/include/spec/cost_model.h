@@ -1,0 +1,59 @@
+// What a target step costs on this machine right now: the calibrated cost curve (spec/schedule.h)
+// as a prior, corrected online from the time every step actually took. A calibration taken on a
+// busy machine, a machine that got busier or quieter, or a long context (attention grows with it)
+// makes the measured curve wrong by a factor that depends on the batch size; the model learns that
+// factor per size from the steps it sees, within a few steps. Pure code, no model.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "spec/schedule.h"
+
+namespace spec {
+
+class CostModel {
+public:
+    // How fast a correction follows new observations: the weight of the newest step in the
+    // running (log-space) average of observed / predicted time, per size bucket. 0.3 corrects a
+    // wrong prior to within ~10% of the truth in 6 observations.
+    static constexpr double kRate = 0.3;
+    // A single step is believed at most this factor away from the current estimate (an outlier:
+    // the process was descheduled, a page fault storm), so one step cannot wreck the plan.
+    static constexpr double kMaxStepFactor = 3.0;
+
+    CostModel() = default;
+    // Installs a new prior (a calibration) and forgets every correction. The curve must be valid.
+    void set_prior(const CostCurve& prior);
+    bool empty() const { return prior_.empty(); }
+    const CostCurve& prior() const { return prior_; }
+
+    // Expected milliseconds of a step that decodes k tokens: the prior at k times the learnt
+    // correction of k's size bucket. A bucket that has seen no step borrows the correction of
+    // the nearest bucket that has (the same machine load and context affect every size alike, to
+    // first order), or none before any step was seen.
+    double at(int32_t k) const;
+    // at(1..k_max), made non-decreasing in k: what the planner needs for one step. [k_max + 1],
+    // entry 0 unused. corrected false: the prior alone.
+    std::vector<double> table(int32_t k_max, bool corrected = true) const;
+
+    // A step of k tokens took `ms` (the target decode, verification and commit: what the plan
+    // pays per step besides drafting).
+    void observe(int32_t k, double ms);
+
+    // The current correction factor of k's bucket (1: the prior is right) and how many steps
+    // of that bucket were seen since the prior was set.
+    double correction(int32_t k) const;
+    int64_t n_observed(int32_t k) const;
+    int64_t n_observed() const { return n_observed_total_; }
+
+private:
+    int32_t bucket(int32_t k) const;
+
+    CostCurve prior_;
+    std::vector<double> log_ratio_;  // [n sizes of the prior] running mean of log(observed / prior)
+    std::vector<int64_t> n_seen_;    // [n sizes of the prior]
+    int64_t n_observed_total_ = 0;
+};
+
+}  // namespace spec

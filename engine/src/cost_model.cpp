@@ -1,0 +1,82 @@
+#include "spec/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace spec {
+
+void CostModel::set_prior(const CostCurve& prior) {
+    validate(prior);
+    prior_ = prior;
+    log_ratio_.assign(prior.n_tokens.size(), 0.0);
+    n_seen_.assign(prior.n_tokens.size(), 0);
+    n_observed_total_ = 0;
+}
+
+int32_t CostModel::bucket(int32_t k) const {
+    // The calibrated size nearest to k on a log scale (sizes grow roughly geometrically).
+    const std::vector<int32_t>& sizes = prior_.n_tokens;
+    const double lk = std::log(double(std::max(k, 1)));
+    int32_t best = 0;
+    double best_d = 1e300;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+        const double d = std::fabs(std::log(double(sizes[i])) - lk);
+        if (d < best_d) {
+            best_d = d;
+            best = int32_t(i);
+        }
+    }
+    return best;
+}
+
+double CostModel::correction(int32_t k) const {
+    if (prior_.empty() || n_observed_total_ == 0) return 1.0;
+    const int32_t b = bucket(k);
+    if (n_seen_[size_t(b)] > 0) return std::exp(log_ratio_[size_t(b)]);
+    // Borrow from the nearest observed buckets on each side, interpolated on a log-size scale.
+    int32_t lo = b - 1, hi = b + 1;
+    const int32_t n = int32_t(n_seen_.size());
+    while (lo >= 0 && n_seen_[size_t(lo)] == 0) --lo;
+    while (hi < n && n_seen_[size_t(hi)] == 0) ++hi;
+    if (lo < 0 && hi >= n) return 1.0;
+    if (lo < 0) return std::exp(log_ratio_[size_t(hi)]);
+    if (hi >= n) return std::exp(log_ratio_[size_t(lo)]);
+    const double x = std::log(double(prior_.n_tokens[size_t(b)]));
+    const double x0 = std::log(double(prior_.n_tokens[size_t(lo)]));
+    const double x1 = std::log(double(prior_.n_tokens[size_t(hi)]));
+    const double t = (x - x0) / (x1 - x0);
+    return std::exp((1.0 - t) * log_ratio_[size_t(lo)] + t * log_ratio_[size_t(hi)]);
+}
+
+int64_t CostModel::n_observed(int32_t k) const {
+    return prior_.empty() ? 0 : n_seen_[size_t(bucket(k))];
+}
+
+double CostModel::at(int32_t k) const {
+    if (prior_.empty()) return 0.0;
+    return prior_.at(k) * correction(k);
+}
+
+std::vector<double> CostModel::table(int32_t k_max, bool corrected) const {
+    std::vector<double> ms(size_t(std::max(k_max, 1)) + 1, 0.0);
+    double running = 0.0;
+    for (int32_t k = 1; k <= k_max; ++k) {
+        running = std::max(running, corrected ? at(k) : prior_.at(k));
+        ms[size_t(k)] = running;
+    }
+    return ms;
+}
+
+void CostModel::observe(int32_t k, double ms) {
+    if (prior_.empty() || !(ms > 0.0) || !std::isfinite(ms) || k < 1) return;
+    const size_t b = size_t(bucket(k));
+    const double current = std::log(correction(k));
+    const double limit = std::log(kMaxStepFactor);
+    const double seen = std::clamp(std::log(ms / prior_.at(k)), current - limit, current + limit);
+    if (n_seen_[b] == 0) log_ratio_[b] = current;  // start from what was borrowed, then move
+    log_ratio_[b] += kRate * (seen - log_ratio_[b]);
+    ++n_seen_[b];
+    ++n_observed_total_;
+}
+
+}  // namespace spec

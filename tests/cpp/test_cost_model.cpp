@@ -1,0 +1,86 @@
+// The online cost model: a calibration prior corrected from observed step times, per size bucket,
+// with unobserved sizes borrowing from their observed neighbours. No model.
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "check.h"
+#include "spec/cost_model.h"
+
+using namespace spec;
+
+namespace {
+
+CostCurve prior() { return CostCurve{{1, 2, 4, 8, 16, 32}, {30, 60, 100, 225, 280, 450}}; }
+
+void test_prior_only() {
+    CostModel m;
+    CHECK(m.empty());
+    CHECK_NEAR(m.at(4), 0.0, 1e-12);
+    m.set_prior(prior());
+    CHECK(!m.empty());
+    for (int32_t k : {1, 3, 8, 20, 64}) CHECK_NEAR(m.at(k), prior().at(k), 1e-9);
+    CHECK_NEAR(m.correction(8), 1.0, 1e-12);
+    CHECK(m.n_observed() == 0);
+    CHECK(throws_invalid([&] { m.set_prior(CostCurve{{2}, {1.0}}); }, "start at 1"));
+}
+
+void test_converges_to_a_wrong_prior_factor() {
+    // The machine is 1.5x slower than calibrated at every size: within 6 steps of one size the
+    // estimate is within 10% of the truth, and other sizes follow through borrowing.
+    CostModel m;
+    m.set_prior(prior());
+    int32_t steps = 0;
+    while (std::fabs(m.at(1) / (1.5 * 30.0) - 1.0) > 0.10) {
+        m.observe(1, 1.5 * 30.0);
+        ++steps;
+    }
+    CHECK(steps <= 6);
+    CHECK_NEAR(m.correction(16), m.correction(1), 1e-12);  // nothing seen near 16: borrowed
+    CHECK(m.n_observed(1) == steps && m.n_observed(16) == 0);
+    for (int i = 0; i < 30; ++i) m.observe(1, 45.0);
+    CHECK_NEAR(m.at(1), 45.0, 0.01);
+}
+
+void test_sizes_learn_apart_and_interpolate() {
+    // Small steps got slower (a busy machine), big ones faster (the calibration ran busy): the
+    // buckets between take the log-size interpolation of their observed neighbours.
+    CostModel m;
+    m.set_prior(prior());
+    for (int i = 0; i < 60; ++i) {
+        m.observe(1, 2.0 * 30.0);
+        m.observe(32, 0.5 * 450.0);
+    }
+    CHECK_NEAR(m.correction(1), 2.0, 1e-3);
+    CHECK_NEAR(m.correction(32), 0.5, 1e-3);
+    // 4 lies halfway between 1 and 32 on a log scale... (log 4 / log 32 = 0.4 of the way).
+    CHECK_NEAR(m.correction(4), std::exp(0.6 * std::log(2.0) + 0.4 * std::log(0.5)), 1e-3);
+    // The planner's table stays non-decreasing in k.
+    const std::vector<double> t = m.table(40);
+    for (size_t k = 2; k < t.size(); ++k) CHECK(t[k] >= t[k - 1]);
+    // A new prior forgets the corrections.
+    m.set_prior(prior());
+    CHECK_NEAR(m.correction(1), 1.0, 1e-12);
+}
+
+void test_outliers_are_clipped() {
+    // One descheduled step (100x) moves the estimate by at most kRate * log(kMaxStepFactor).
+    CostModel m;
+    m.set_prior(prior());
+    m.observe(8, 100.0 * 225.0);
+    CHECK(m.correction(8) <= std::exp(CostModel::kRate * std::log(CostModel::kMaxStepFactor)) + 1e-9);
+    m.observe(8, -1.0);                 // nonsense is ignored
+    m.observe(8, std::nan(""));
+    CHECK(m.n_observed(8) == 1);
+}
+
+}  // namespace
+
+int main() {
+    test_prior_only();
+    test_converges_to_a_wrong_prior_factor();
+    test_sizes_learn_apart_and_interpolate();
+    test_outliers_are_clipped();
+    std::printf("test_cost_model: %d checks, %d failures\n", g_checks, g_failures);
+    return g_failures == 0 ? 0 : 1;
+}
