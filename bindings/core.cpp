@@ -335,6 +335,8 @@ NB_MODULE(_core, m) {
             return nb::make_tuple(tokens, to_numpy(std::move(lp), {rows}), to_numpy(std::move(ids), {rows, k}),
                                   to_numpy(std::move(top), {rows, k}));
         }, "first"_a = 0)
+        .def_ro("step_ms", &spec::GenerateResult::step_ms)
+        .def_ro("step_sizes", &spec::GenerateResult::step_sizes)
         .def("take_logits", [](spec::GenerateResult& r, size_t n_vocab) {
             const size_t n_rows = n_vocab ? r.logits.size() / n_vocab : 0;
             return to_numpy(std::move(r.logits), {n_rows, n_vocab});

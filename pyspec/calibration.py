@@ -4,9 +4,13 @@ shapes, see `cache_key`), thread count, GPU offload and backend, cached as JSON 
 
 PYSPEC_CALIBRATION_DIR overrides the directory.
 
-A cost curve is the time of one decode of k tokens (k = 1, 2, 3, 4, 6, 8, 12, 16, 24, 32): for the
-target with a logits row per token (verifying a draft), for a draft with one row (drafting). The
-auto scheduler reads it to decide, step by step, how much drafting pays on this machine.
+A cost curve is the time of one decode of k tokens (k = 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64):
+for the target with a logits row per token (verifying a draft), for a draft with one row
+(drafting). The auto scheduler reads it to decide, step by step, how much drafting pays on this
+machine. The target's curve is only the prior: the engine times every step it decodes and
+corrects the curve from those times (CostModelState, Engine.cost_model()), so a calibration
+taken on a busy machine, a machine whose load changed, or a long context is corrected within a
+few steps. `pyspec calibrate --force` measures a clean prior again.
 """
 
 from __future__ import annotations
@@ -55,6 +59,28 @@ class CostCurve:
     def relative(self) -> list[float]:
         """Each time over the one-token time."""
         return [t / self.ms[0] for t in self.ms]
+
+
+@dataclass(frozen=True)
+class CostModelState:
+    """The target's cost model at one moment: the calibrated curve (the prior) and what the
+    engine expects now at the same sizes, after correcting it from the steps it has timed."""
+
+    n_tokens: tuple[int, ...]     # calibrated sizes
+    prior_ms: tuple[float, ...]   # [same] the calibration
+    ms: tuple[float, ...]         # [same] the current estimate: prior x learnt correction
+    n_observed: tuple[int, ...]   # [same] steps timed in each size's bucket since the prior was set
+    n_observed_total: int
+
+    def correction(self) -> list[float]:
+        """Current estimate over the prior, per size (1.0: the calibration still holds)."""
+        return [m / p for m, p in zip(self.ms, self.prior_ms)]
+
+    @classmethod
+    def _from_core(cls, m: Any) -> "CostModelState":
+        sizes = tuple(int(k) for k in m.prior.n_tokens)
+        return cls(sizes, tuple(float(t) for t in m.prior.ms), tuple(float(m.at(k)) for k in sizes),
+                   tuple(int(m.n_observed(k)) for k in sizes), int(m.n_observed_total))
 
 
 def cache_key(engine: "Engine", draft: str | None) -> dict[str, Any]:
@@ -132,7 +158,7 @@ def _progress(label: str, enabled: bool | None) -> Any:
 def measure(engine: "Engine", draft: str | None, repeats: int = 3, progress: bool | None = None) -> CostCurve:
     """Times the target (draft None) or draft slot `draft` now, installs and returns the curve."""
     label = "calibrating target" if draft is None else f"calibrating draft {draft or '(default)'}"
-    log.info("%s: timing decodes of 1..32 tokens, %d rounds", label, repeats)
+    log.info("%s: timing decodes of 1..64 tokens, %d rounds", label, repeats)
     bar, update = _progress(label, progress)
     try:
         core = engine._core.measure_cost(draft is not None, draft or "", [], repeats, update)

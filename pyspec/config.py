@@ -75,13 +75,13 @@ class GenerationConfig:
     method: str | None = None
     draft: str = ""
     n_draft: int | None = None
-    auto_max_depth: int = 16
-    auto_max_nodes: int = 32
+    auto_max_depth: int = 64
+    auto_max_nodes: int = 80
     auto_max_gamma: int = 8
     auto_draft_model: bool = True
     auto_adapt_costs: bool = True
     seed: int | None = None
-    lookup_ngram_max: int = 3
+    lookup_ngram_max: int = 16
     lookup_ngram_min: int = 1
     tree_nodes: int = 8
     tree_depth: int = 6

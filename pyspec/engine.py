@@ -13,7 +13,7 @@ import numpy as np
 
 from . import _core
 from . import calibration
-from .calibration import CostCurve
+from .calibration import CostCurve, CostModelState
 from .config import DEFAULT_N_DRAFT, METHODS, GenerationConfig
 from .errors import EngineClosedError, InvalidArgumentError
 from .results import GenerationResult, GenerationStats, StreamChunk, TokenLogprobs, Trace
@@ -380,6 +380,13 @@ class Engine:
                 curves[key] = calibration.ensure(self, name, force=force, repeats=repeats, progress=progress)
         return curves
 
+    def cost_model(self) -> CostModelState | None:
+        """The target's cost model as method="auto" plans with it now: the calibrated curve and
+        the estimate corrected from the time of every step decoded so far (any method); None
+        before any curve was measured or loaded."""
+        state = self._core.cost_model()
+        return None if state.prior.empty else CostModelState._from_core(state)
+
     def _ensure_costs(self, config: GenerationConfig) -> None:
         """Installs the curves method auto needs (cache or measurement); engine lock held."""
         calibration.ensure(self, None)
@@ -452,6 +459,8 @@ class Engine:
             draft_version=int(core_result.draft_version),
             head_version=int(core_result.head_version),
             logprobs=TokenLogprobs._from_core(core_result.since(0)) if with_logprobs else None,
+            step_ms=np.asarray(core_result.step_ms, dtype=np.float32),
+            step_sizes=np.asarray(core_result.step_sizes, dtype=np.int32),
         )
 
 

@@ -167,6 +167,10 @@ class GenerationResult:
     head_version: int = 0   # the draft head's version when it drafted (method "redrafter"); 0 otherwise
     # When generated with logprobs=k: every generated token's log-probability and its row's top k.
     logprobs: TokenLogprobs | None = field(default=None, repr=False)
+    # [n_target_calls] float32: the time of each step's target decode + verification (ms), and
+    # int32: the tokens it decoded (1 + draft nodes). What the engine's cost model learns from.
+    step_ms: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float32), repr=False)
+    step_sizes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32), repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary (the trace is left out)."""

@@ -8,6 +8,7 @@ import logging
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import pyspec
@@ -143,7 +144,7 @@ def test_measured_curve_is_sane(engine: pyspec.Engine) -> None:
     curves = engine.calibrate(force=True, repeats=2, progress=False)
     assert set(curves) == {"target", "draft"}
     for c in curves.values():
-        assert c.n_tokens == (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+        assert c.n_tokens == (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
         assert all(t > 0 for t in c.ms)
         assert list(c.ms) == sorted(c.ms)  # made monotone
     # Installed in the engine.
@@ -232,6 +233,26 @@ def test_a_reloaded_draft_gets_the_cost_of_its_own_file(engine: pyspec.Engine, t
     calibration.ensure(engine, "", repeats=1, progress=False)
     assert measured == ["", ""]
     assert calibration.cache_key(engine, "") != calibration.cache_key(engine, None)  # draft and target curves differ
+
+
+def test_costs_correct_themselves(tiny_target: str) -> None:
+    """A calibration far off (1000x too slow) is the prior only: every decoded step is timed and
+    the model's estimate follows the real step time within a generation; sizes never decoded
+    borrow the correction; a new calibration starts over."""
+    with pyspec.Engine(tiny_target, n_ctx=1024, n_threads=2) as engine:
+        assert engine.cost_model() is None
+        install(engine, linear(1000.0))
+        r = engine.generate(PROMPTS[1], max_tokens=40, method="none")
+        state = engine.cost_model()
+        assert state is not None and state.prior_ms[0] == 1000.0
+        assert state.n_observed[0] == r.stats.n_target_calls == state.n_observed_total
+        assert len(r.step_ms) == r.stats.n_target_calls and set(r.step_sizes) == {1}
+        recent = float(np.median(r.step_ms[-10:]))  # what a step costs now
+        assert 0.5 * recent < state.ms[0] < 2.0 * recent
+        assert state.correction()[-1] == pytest.approx(state.correction()[0])  # k = 64: borrowed
+        install(engine, linear(1000.0))
+        assert engine.cost_model().n_observed_total == 0
+        assert engine.cost_model().ms[0] == 1000.0
 
 
 def test_planner_is_exposed_for_inspection() -> None:

@@ -9,7 +9,7 @@
 
 namespace spec {
 
-std::vector<int32_t> default_calibration_sizes() { return {1, 2, 3, 4, 6, 8, 12, 16, 24, 32}; }
+std::vector<int32_t> default_calibration_sizes() { return {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64}; }
 
 CostCurve measure_cost_curve(Model& model, const std::vector<int32_t>& sizes, int32_t repeats, bool all_rows,
                              const CalibrationProgress& progress) {

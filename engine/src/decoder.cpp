@@ -19,7 +19,6 @@ double ms_since(Clock::time_point t0) {
     return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
-constexpr int32_t kMaxDraft = 256;
 
 // Everything one generate() call owns; keeps the step functions below short.
 struct Request {
@@ -501,7 +500,7 @@ void Engine::validate(const std::vector<int32_t>& prompt, const GenerateParams& 
     MethodLimits limits;
     limits.n_ctx = n_ctx;
     limits.n_batch = target_->params().n_batch;
-    limits.n_draft_max = std::min({kMaxDraft, limits.n_batch - 1, n_ctx - 1});
+    limits.n_draft_max = std::min({kMaxDraftTokens, limits.n_batch - 1, n_ctx - 1});
     find_drafter_method(params.method).validate(params, limits);
     if (params.acceptance != "exact" && params.acceptance != "typical") {
         throw InvalidArgumentError("acceptance must be 'exact' or 'typical', got '" + params.acceptance + "'");
@@ -570,7 +569,11 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
         ++stats.n_target_calls;
         const TreeVerdict verdict = verify_step(req);
         // What a step of this size costs now, for the planner's next steps (spec/cost_model.h).
-        target_costs_.observe(1 + int32_t(req.draft.tokens.size()), ms_since(t0));
+        const double step_ms = ms_since(t0);
+        const int32_t step_size = 1 + int32_t(req.draft.tokens.size());
+        target_costs_.observe(step_size, step_ms);
+        req.result.step_ms.push_back(float(step_ms));
+        req.result.step_sizes.push_back(step_size);
         if (drafter && params.sampling.greedy() && !req.draft.tokens.empty()) drafter->observe_target(req.draft.tokens, req.parents, req.target_argmax);
         stats.t_verify_ms += ms_since(t0);
 

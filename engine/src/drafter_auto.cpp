@@ -176,8 +176,8 @@ private:
 
 void validate(const AutoParams& params) {
     if (params.max_depth < 1) throw InvalidArgumentError("auto max_depth must be >= 1, got " + std::to_string(params.max_depth));
-    if (params.max_nodes < 1 || params.max_nodes > kMaxTreeNodes) {
-        throw InvalidArgumentError("auto max_nodes must be in [1, " + std::to_string(kMaxTreeNodes) + "], got " +
+    if (params.max_nodes < 1 || params.max_nodes > kMaxDraftTokens) {
+        throw InvalidArgumentError("auto max_nodes must be in [1, " + std::to_string(kMaxDraftTokens) + "], got " +
                                    std::to_string(params.max_nodes));
     }
     if (params.max_gamma < 1) throw InvalidArgumentError("auto max_gamma must be >= 1, got " + std::to_string(params.max_gamma));

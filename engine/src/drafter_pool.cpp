@@ -205,6 +205,8 @@ public:
     void begin(const std::vector<int32_t>& prompt) override {
         stats_.n_model_decodes += model_.prefill_prompt(prompt);
         n_past_ = int32_t(prompt.size()) - 1;
+        context_.clear();
+        n_committed_at_draft_ = 0;
         pool_.harvest_prompt(prompt);
     }
 
@@ -213,7 +215,11 @@ public:
         ++stats_.n_draft_calls;
         const std::vector<int32_t>& committed = *request.tokens;
         const int32_t gamma = std::min({n_draft_, request.n_draft_max, model_.n_ctx() - int32_t(committed.size())});
-        context_.assign(committed.begin(), committed.end());
+        // context_ = committed + this step's draft. It still starts with the committed tokens
+        // known at the last draft (the committed sequence only grows): keep those, append the rest.
+        const size_t n_known = std::min(context_.size(), size_t(n_committed_at_draft_));
+        context_.resize(n_known);
+        context_.insert(context_.end(), committed.begin() + std::ptrdiff_t(n_known), committed.end());
         pending_.assign(committed.begin() + n_past_, committed.end());
         n_committed_at_draft_ = int32_t(committed.size());
         if (request.sampling->greedy()) {

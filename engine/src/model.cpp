@@ -73,6 +73,7 @@ Model::Model(const std::string& path, const ModelParams& params) : path_(path), 
 }
 
 Model::~Model() {
+    if (batch_) llama_batch_free(*batch_);
     if (ctx_) llama_free(ctx_);
     if (model_) llama_model_free(model_);
 }
@@ -159,9 +160,12 @@ void Model::decode(const std::vector<BatchToken>& batch) {
         throw InvalidArgumentError("batch of " + std::to_string(n) + " tokens exceeds n_batch=" +
                                    std::to_string(params_.n_batch));
     }
-    int32_t n_seq = 1;
-    for (const auto& t : batch) n_seq = std::max<int32_t>(n_seq, int32_t(t.seq_ids.size()));
-    llama_batch b = llama_batch_init(n, 0, n_seq);
+    // One llama_batch for the model's lifetime (n_batch tokens, n_seq_max sequences per token),
+    // not an allocation per decode.
+    if (!batch_) {
+        batch_ = std::make_unique<llama_batch>(llama_batch_init(params_.n_batch, 0, std::max(params_.n_seq_max, 1)));
+    }
+    llama_batch& b = *batch_;
     output_index_.clear();
     for (int32_t i = 0; i < n; ++i) {
         const BatchToken& t = batch[size_t(i)];
@@ -171,6 +175,10 @@ void Model::decode(const std::vector<BatchToken>& batch) {
             b.n_seq_id[i] = 1;
             b.seq_id[i][0] = 0;
         } else {
+            if (int32_t(t.seq_ids.size()) > std::max(params_.n_seq_max, 1)) {
+                throw InvalidArgumentError("a batch token in " + std::to_string(t.seq_ids.size()) +
+                                           " sequences exceeds n_seq_max=" + std::to_string(params_.n_seq_max));
+            }
             b.n_seq_id[i] = int32_t(t.seq_ids.size());
             for (size_t s = 0; s < t.seq_ids.size(); ++s) b.seq_id[i][s] = t.seq_ids[s];
         }
@@ -179,7 +187,6 @@ void Model::decode(const std::vector<BatchToken>& batch) {
     }
     b.n_tokens = n;
     const int32_t rc = llama_decode(ctx_, b);
-    llama_batch_free(b);
     n_outputs_ = int32_t(output_index_.size());
     last_decode_hidden_ = hidden_output_ && rc == 0;
     if (rc == 0) {

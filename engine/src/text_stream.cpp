@@ -10,7 +10,7 @@ namespace {
 // Checks the UTF-8 sequence starting at s[i] against the Unicode well-formedness table.
 // Returns its length when complete and valid, 0 when invalid; sets `truncated` when the bytes
 // present are a valid prefix that runs past the end of s.
-size_t utf8_sequence(const std::string& s, size_t i, bool& truncated) {
+size_t utf8_sequence(std::string_view s, size_t i, bool& truncated) {
     truncated = false;
     const auto byte = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
     const unsigned char b0 = byte(i);
@@ -43,7 +43,7 @@ size_t utf8_sequence(const std::string& s, size_t i, bool& truncated) {
 
 }  // namespace
 
-size_t utf8_complete_prefix(const std::string& s) {
+size_t utf8_complete_prefix(std::string_view s) {
     // Only the last few bytes can start an incomplete sequence.
     const size_t start = s.size() > 3 ? s.size() - 3 : 0;
     for (size_t i = start; i < s.size(); ++i) {
@@ -106,7 +106,7 @@ std::string TextStream::push(const std::string& piece) {
             }
         }
     }
-    safe_end = std::min(safe_end, utf8_complete_prefix(text_.substr(0, safe_end)));
+    safe_end = std::min(safe_end, utf8_complete_prefix(std::string_view(text_).substr(0, safe_end)));
     if (safe_end <= n_emitted_) return {};
     std::string out = utf8_sanitize(text_.substr(n_emitted_, safe_end - n_emitted_));
     n_emitted_ = safe_end;

@@ -6,6 +6,7 @@
 
 #include "check.h"
 #include "spec/cost_model.h"
+#include "spec/tree.h"
 
 using namespace spec;
 
@@ -74,6 +75,26 @@ void test_outliers_are_clipped() {
     CHECK(m.n_observed(8) == 1);
 }
 
+void test_plans_follow_the_corrected_costs() {
+    // A calibration that says verification is free (100 ms whatever the size) makes the planner
+    // verify a whole 15-node chain of 90%-accepted nodes; once the steps it times show that 16
+    // tokens really cost 16x one token, it keeps far fewer nodes.
+    CostModel m;
+    m.set_prior(CostCurve{{1, 64}, {100, 100}});
+    AcceptanceStats s;
+    for (int i = 0; i < 60; ++i) s.record(kind_lookup(20), 0, i % 10 != 0);
+    const std::vector<uint8_t> kinds(15, kind_lookup(20));
+    CHECK(plan_draft(chain_parents(15), kinds, s, m.table(16), 0.0).keep.size() == 15);
+    for (int i = 0; i < 20; ++i) {
+        m.observe(1, 100.0);
+        m.observe(16, 1600.0);
+    }
+    const DraftPlan after = plan_draft(chain_parents(15), kinds, s, m.table(16), 0.0);
+    CHECK(after.keep.size() < 15);
+    // ... and with the prior alone (table(k, false)) it would still keep them all.
+    CHECK(plan_draft(chain_parents(15), kinds, s, m.table(16, false), 0.0).keep.size() == 15);
+}
+
 }  // namespace
 
 int main() {
@@ -81,6 +102,7 @@ int main() {
     test_converges_to_a_wrong_prior_factor();
     test_sizes_learn_apart_and_interpolate();
     test_outliers_are_clipped();
+    test_plans_follow_the_corrected_costs();
     std::printf("test_cost_model: %d checks, %d failures\n", g_checks, g_failures);
     return g_failures == 0 ? 0 : 1;
 }

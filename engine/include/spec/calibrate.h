@@ -25,7 +25,7 @@ using CalibrationProgress = std::function<void(int32_t, int32_t)>;
 CostCurve measure_cost_curve(Model& model, const std::vector<int32_t>& sizes, int32_t repeats, bool all_rows,
                              const CalibrationProgress& progress = nullptr);
 
-// The sizes measured when none are given: 1, 2, 3, 4, 6, 8, 12, 16, 24, 32.
+// The sizes measured when none are given: 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64.
 std::vector<int32_t> default_calibration_sizes();
 
 }  // namespace spec

@@ -108,6 +108,8 @@ struct GenerateResult {
     int64_t head_version = 0;            // version of the draft head that drafted (0: no head)
     Stats stats;
     std::vector<StepTrace> trace;
+    std::vector<float> step_ms;          // [n_target_calls] time of each step's decode + verification
+    std::vector<int32_t> step_sizes;     // [n_target_calls] tokens each step decoded (1 + draft nodes)
     std::vector<float> logits;           // [n_tokens, n_vocab] when return_logits: the target row
                                          // each generated token was chosen from
     // When params.logprobs = k >= 0: log-probabilities under the target's own distribution (log

@@ -15,6 +15,10 @@ namespace spec {
 
 class Model;
 
+// The most tokens one step may propose (chains; trees are further bounded by kMaxTreeSeqs - 1
+// leaves): also bounded by n_batch - 1 and the context window at run time.
+constexpr int32_t kMaxDraftTokens = 256;
+
 struct DraftRequest {
     const std::vector<int32_t>* tokens = nullptr;  // committed sequence: prompt + generated so far
     int32_t n_draft_max = 0;                       // propose at most this many tokens in a row (depth)
@@ -133,7 +137,7 @@ std::unique_ptr<Drafter> make_head_beam_drafter(DraftHead& head, const BeamParam
 // Settings of the prompt-lookup drafter. Matches of ngram_max tokens are tried first, then
 // shorter ones down to ngram_min; 1 <= ngram_min <= ngram_max <= kLookupNgramLimit.
 struct LookupParams {
-    int32_t ngram_max = 3;  // longest suffix of the committed sequence searched for
+    int32_t ngram_max = 16;  // longest suffix of the committed sequence searched for
     int32_t ngram_min = 1;  // shortest suffix tried before giving up (no proposal)
 };
 constexpr int32_t kLookupNgramLimit = 16;
@@ -192,8 +196,8 @@ class AcceptanceStats;
 // Settings of the auto scheduler ("auto"): the largest proposals it considers per step; the
 // planner (spec/schedule.h) keeps what pays.
 struct AutoParams {
-    int32_t max_depth = 16;        // longest prompt-lookup / pool path considered
-    int32_t max_nodes = 32;        // lookup + pool nodes considered (<= kMaxTreeNodes)
+    int32_t max_depth = 64;        // longest prompt-lookup / pool path considered
+    int32_t max_nodes = 80;        // lookup + pool nodes considered (<= kMaxDraftTokens)
     int32_t max_gamma = 8;         // longest draft-model chain considered
     // Consider the draft model at all (needs its cost curve). Seeded sampled requests never use
     // it: with one-hot proposals only, the seed alone fixes their tokens (see the decoder).

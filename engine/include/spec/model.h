@@ -3,12 +3,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 struct llama_model;
 struct llama_context;
 struct llama_vocab;
+struct llama_batch;
 
 namespace spec {
 
@@ -150,6 +152,7 @@ private:
     bool kv_known_ = true;  // false after a failed decode, until the cache is cleared
     int32_t n_prefill_reused_ = 0;
     void kv_record_remove(int32_t seq_id, int32_t p0, int32_t p1);
+    std::unique_ptr<llama_batch> batch_;  // reused by decode(): n_batch tokens, n_seq_max ids each
 };
 
 // Throws VocabMismatchError naming the first difference (vocab type, size, a special token, or the

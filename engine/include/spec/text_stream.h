@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace spec {
@@ -30,7 +31,7 @@ private:
 
 // Length of the longest prefix of s that ends on a UTF-8 character boundary (an incomplete
 // multi-byte sequence at the end is excluded; invalid bytes count as complete characters).
-size_t utf8_complete_prefix(const std::string& s);
+size_t utf8_complete_prefix(std::string_view s);
 
 // s with every invalid UTF-8 byte replaced by U+FFFD.
 std::string utf8_sanitize(const std::string& s);
