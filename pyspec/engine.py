@@ -267,7 +267,11 @@ class Engine:
         return list(self._core.tokenize(text, add_special, parse_special))
 
     def detokenize(self, tokens: Sequence[int], *, special: bool = False) -> str:
-        return bytes(self._core.detokenize(list(tokens), special)).decode("utf-8", errors="replace")
+        return self.detokenize_bytes(tokens, special=special).decode("utf-8", errors="replace")
+
+    def detokenize_bytes(self, tokens: Sequence[int], *, special: bool = False) -> bytes:
+        """The tokens' text as raw bytes (a token may end inside a UTF-8 sequence)."""
+        return bytes(self._core.detokenize(list(tokens), special))
 
     def token_bytes(self, token: int) -> bytes:
         """The bytes of one token as the output shows them (possibly part of a UTF-8 character)."""

@@ -212,3 +212,58 @@ def test_real_cli_show(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "=== edit/HumanEval/0/comments" in out and "=== edit/HumanEval/1/rename" in out
     assert "def has_close_elements" in out
+
+
+def _long_records(n: int, body_lines: int = 60) -> list[dict]:
+    """n HumanEval-like tasks of ~1,000 characters each; tasks 3 and 5 share a function name."""
+    records = []
+    for i in range(n):
+        name = "shared_name" if i in (3, 5) else f"task{i}"
+        body = "".join(f"    x{k} = x + {k}\n" for k in range(body_lines))
+        records.append({"task_id": f"HumanEval/{i}", "prompt": f'\n\ndef {name}(x: int) -> int:\n    """Task {i}."""\n',
+                        "canonical_solution": body + "    return x\n", "entry_point": name, "test": ""})
+    return records
+
+
+@pytest.mark.parametrize("suite", ["longedit", "longqa"])
+def test_long_suites_ask_about_one_function_defined_once_in_a_long_module(tmp_path: Path, suite: str) -> None:
+    records = _long_records(60)
+    prompts = load_suite_file(suite, _write_jsonl(tmp_path / "HumanEval.jsonl", records))
+    assert len(prompts) == data.LONG_PROMPTS and len({p.id for p in prompts}) == len(prompts)
+    kinds = list(data.LONG_EDIT_INSTRUCTIONS if suite == "longedit" else data.LONG_QUESTIONS)
+    assert [p.meta["kind"] for p in prompts] == [kinds[i % 3] for i in range(len(prompts))]
+    for p in prompts:
+        name = p.meta["entry_point"]
+        assert p.suite == suite and p.messages == [{"role": "user", "content": p.text}]
+        assert p.text.count(f"def {name}(") == 1 and f"`{name}`" in p.text
+        assert p.meta["module_chars"] >= data.LONG_MIN_CHARS
+        # the module holds consecutive tasks and the asked-about one sits inside it
+        assert p.text.startswith("Here is a Python module:\n\n```python\n")
+        assert p.text.index(f"def {name}(") < p.text.index("```\n\n")
+    # windows holding both tasks named shared_name exist, and ask about another function
+    assert any(p.text.count("def shared_name(") == 2 for p in prompts)
+    # the same input gives the same prompts (no randomness, no machine-dependent source)
+    again = load_suite_file(suite, _write_jsonl(tmp_path / "again.jsonl", records))
+    assert [p.text for p in again] == [p.text for p in prompts]
+
+
+def test_long_suite_windows_wrap_and_stop_at_all_tasks(tmp_path: Path) -> None:
+    # 4 short tasks never reach LONG_MIN_CHARS: each window takes all of them, once.
+    prompts = load_suite_file("longqa", _write_jsonl(tmp_path / "h.jsonl", HUMANEVAL))
+    assert len(prompts) == len(HUMANEVAL)
+    for p in prompts:
+        assert all(p.text.count(f"def f{i}(") == 1 for i in range(len(HUMANEVAL)))
+
+
+@pytest.mark.model
+def test_real_long_suites_fit_the_context(tmp_path: Path) -> None:
+    """>= 20 prompts of >= 1,500 Qwen tokens (chat template applied), all fitting n_ctx 4096 with
+    192 new tokens and the 64 tokens llama-speculative-simple may draft past them."""
+    from pyspec import Engine
+
+    with Engine("qwen2.5-coder-1.5b-instruct", n_ctx=512, n_threads=2) as engine:
+        for suite in ("longedit", "longqa"):
+            prompts = load_suite(suite)
+            lengths = [len(engine.prompt_tokens(p.messages)) for p in prompts]
+            assert len(prompts) >= 20, suite
+            assert min(lengths) >= 1500 and max(lengths) + 192 + 64 <= 4096, (suite, min(lengths), max(lengths))

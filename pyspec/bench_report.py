@@ -1,0 +1,284 @@
+"""`pyspec bench` results: per-run records, per-method summaries, the comparison with llama.cpp's
+own tools, and their renderings (markdown, JSON, PNG)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+TIMING_NOTE = ("tok/s = generated tokens / wall time of the generation with prompt processing (pyspec and "
+               "llama-cpp-python: the whole call; llama.cpp tools: their own prompt + generation timers, "
+               "model load excluded)")
+DECODE_NOTE = ("decode tok/s leaves prompt processing out: pyspec's GenerationStats.tokens_per_second, "
+               "llama-completion's `eval time` line (time inside its one-token decodes), "
+               "llama-speculative-simple's `decoded ... speed` line (wall time of its speculative loop); "
+               "llama-cpp-python peers have none")
+SPEEDUP_NOTE = "speedups are medians of per-prompt ratios"
+IDENTITY_NOTE = ("identical to none: same token ids (pyspec methods, llama-cpp-python peers) or same "
+                 "generated text (llama.cpp tools, which print text, not ids)")
+BEST_MODE_NOTE = "best llama.cpp mode: the llama.cpp peer with the highest decode tok/s on each prompt, plain included"
+
+
+@dataclass
+class PromptRun:
+    """One (prompt, method) generation."""
+
+    prompt_id: str
+    method: str
+    n_prompt_tokens: int
+    n_generated: int
+    wall_s: float
+    tokens_per_second: float  # n_generated / wall_s
+    finish_reason: str
+    tokens: list[int]  # empty for llama.cpp tools (they print text)
+    identical_to_none: bool = True
+    divergence_index: int | None = None  # first token of none's output that differs
+    top2_logit_gap: float | None = None  # target's top-2 logit gap at the divergence
+    # Prompt processing excluded: pyspec's own figure or the llama.cpp tool's (DECODE_NOTE);
+    # None for llama-cpp-python peers.
+    decode_tokens_per_second: float | None = None
+    n_drafted: int | None = None  # pyspec methods and llama-speculative-simple
+    n_accepted: int | None = None
+    # pyspec methods only (None for peers):
+    n_target_calls: int | None = None
+    t_draft_ms: float | None = None
+    t_verify_ms: float | None = None
+    t_total_ms: float | None = None
+    n_empty_drafts: int | None = None  # target calls that verified no draft (plain decoding steps)
+    n_draft_decodes: int | None = None
+    # llama.cpp tools only:
+    text: str | None = None  # generated text (undecodable bytes as surrogate escapes)
+    process_wall_s: float | None = None  # the tool's whole process, model load included
+
+
+@dataclass
+class MethodSummary:
+    method: str
+    n_draft: int | None
+    tokens_per_second: float  # median over prompts
+    tokens_per_second_min: float
+    tokens_per_second_max: float
+    speedup_vs_none: float  # median of per-prompt ratios
+    speedup_vs_peers: dict[str, float]  # peer label -> median of per-prompt ratios (wall time)
+    acceptance_rate: float | None  # pooled: accepted / drafted; None where nothing is counted
+    tokens_per_target_call: float | None  # pooled; None for peers
+    draft_time_share: float | None  # draft time / generation time, pooled; None for peers
+    verify_time_share: float | None
+    plain_step_share: float | None  # target calls with no draft / all target calls, pooled
+    greedy_identical: int  # prompts whose output equals none's
+    n_prompts: int
+    decode_tokens_per_second: float | None = None  # median; None when the method has no decode figure
+    decode_speedup_vs_none: float | None = None  # median of per-prompt decode ratios
+    decode_speedup_vs_llama_cpp: float | None = None  # vs llama.cpp plain (llama-completion)
+    decode_speedup_vs_best_llama_cpp: float | None = None  # vs the best llama.cpp mode of each prompt
+    per_prompt: list[PromptRun] = field(default_factory=list)
+
+
+@dataclass
+class BenchReport:
+    target: str
+    draft: str | None
+    suite: str
+    n: int
+    max_tokens: int
+    threads: int
+    repack: bool
+    methods: list[str]
+    results: list[MethodSummary]
+    skipped: dict[str, str] = field(default_factory=dict)  # method -> why it did not run
+    llama_cpp_modes: list[str] = field(default_factory=list)  # llama.cpp peers that ran
+    best_llama_cpp_mode: dict[str, str] = field(default_factory=dict)  # prompt id -> fastest llama.cpp peer
+    auto_vs_best_llama_cpp: float | None = None  # decode tok/s, median of per-prompt ratios
+    none_vs_llama_cpp: float | None = None  # none vs llama.cpp plain, decode tok/s, median of ratios
+    timing: str = TIMING_NOTE
+    decode_timing: str = DECODE_NOTE
+    speedup: str = SPEEDUP_NOTE
+    identity: str = IDENTITY_NOTE
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def result(self, method: str) -> MethodSummary | None:
+        return next((r for r in self.results if r.method == method), None)
+
+
+# -- summaries -----------------------------------------------------------------------------------
+
+
+def _median_ratio(xs: list[PromptRun], refs: list[float | None], value: Callable[[PromptRun], float | None]
+                  ) -> float | None:
+    ratios = [v / r for x, r in zip(xs, refs) if (v := value(x)) is not None and r]
+    return statistics.median(ratios) if ratios else None
+
+
+def _wall(x: PromptRun) -> float:
+    return x.tokens_per_second
+
+
+def _decode(x: PromptRun) -> float | None:
+    return x.decode_tokens_per_second
+
+
+def best_llama_cpp_runs(runs: dict[str, list[PromptRun]], modes: list[str]) -> list[PromptRun | None]:
+    """Per prompt, the llama.cpp peer run with the highest decode tok/s (None without any)."""
+    if not modes:
+        return []
+    best: list[PromptRun | None] = []
+    for per_mode in zip(*(runs[m] for m in modes)):
+        timed = [x for x in per_mode if x.decode_tokens_per_second is not None]
+        best.append(max(timed, key=lambda x: x.decode_tokens_per_second or 0.0) if timed else None)
+    return best
+
+
+def summarize(label: str, n_draft: int | None, is_peer: bool, xs: list[PromptRun], runs: dict[str, list[PromptRun]],
+              peers: list[str], llama_cpp_modes: list[str]) -> MethodSummary:
+    """A method's summary; runs holds every method's runs (aligned by prompt), "none" among them."""
+    tps = [x.tokens_per_second for x in xs]
+    none = runs["none"]
+    tpc = draft_share = verify_share = plain_share = None
+    drafted = sum(x.n_drafted or 0 for x in xs)
+    acceptance = sum(x.n_accepted or 0 for x in xs) / drafted if drafted else None
+    if not is_peer:
+        calls = sum(x.n_target_calls or 0 for x in xs)
+        tpc = sum(x.n_generated for x in xs) / calls if calls else None
+        plain_share = sum(x.n_empty_drafts or 0 for x in xs) / calls if calls else None
+        total = sum(x.t_total_ms or 0.0 for x in xs)
+        draft_share = sum(x.t_draft_ms or 0.0 for x in xs) / total if total else None
+        verify_share = sum(x.t_verify_ms or 0.0 for x in xs) / total if total else None
+    decode = [x.decode_tokens_per_second for x in xs if x.decode_tokens_per_second is not None]
+    best = [b.decode_tokens_per_second if b else None for b in best_llama_cpp_runs(runs, llama_cpp_modes)]
+    plain = [x.decode_tokens_per_second for x in runs["llama.cpp"]] if "llama.cpp" in runs else []
+    return MethodSummary(
+        method=label, n_draft=n_draft,
+        tokens_per_second=statistics.median(tps), tokens_per_second_min=min(tps), tokens_per_second_max=max(tps),
+        speedup_vs_none=_median_ratio(xs, [r.tokens_per_second for r in none], _wall) or 0.0,
+        speedup_vs_peers={p: _median_ratio(xs, [r.tokens_per_second for r in runs[p]], _wall) or 0.0 for p in peers},
+        acceptance_rate=acceptance, tokens_per_target_call=tpc, draft_time_share=draft_share,
+        verify_time_share=verify_share, plain_step_share=plain_share,
+        greedy_identical=sum(x.identical_to_none for x in xs), n_prompts=len(xs),
+        decode_tokens_per_second=statistics.median(decode) if len(decode) == len(xs) else None,
+        decode_speedup_vs_none=_median_ratio(xs, [r.decode_tokens_per_second for r in none], _decode),
+        decode_speedup_vs_llama_cpp=_median_ratio(xs, plain, _decode) if plain else None,
+        decode_speedup_vs_best_llama_cpp=_median_ratio(xs, best, _decode) if best else None,
+        per_prompt=xs,
+    )  # fmt: skip
+
+
+# -- output --------------------------------------------------------------------------------------
+
+
+def _fmt(x: float | None, spec: str = ".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def format_markdown(report: BenchReport, python_peers: tuple[str, ...] = ("peer-llama-cpp", "peer-pld")) -> str:
+    peers = [r.method for r in report.results if r.method.split(":")[0] in python_peers]
+    with_llama_cpp = bool(report.llama_cpp_modes)
+    with_plain = "llama.cpp" in report.llama_cpp_modes
+    lines = [
+        f"target {report.target}, draft {report.draft or '-'}, suite {report.suite} ({report.n} prompts), "
+        f"greedy, chat template, {report.max_tokens} new tokens at most, {report.threads} threads, "
+        f"repack {'on' if report.repack else 'off'}",
+        f"{report.timing}; {report.decode_timing}; {report.speedup}; tok/s is the median (min-max) over prompts; "
+        f"{report.identity}." + (f" {BEST_MODE_NOTE}." if with_llama_cpp else ""),
+        "",
+        "| method | n_draft | tok/s | speedup vs none | " + "".join(f"speedup vs {p} | " for p in peers)
+        + "decode tok/s | decode vs none | " + ("decode vs llama.cpp | " if with_plain else "")
+        + ("decode vs best llama.cpp mode | " if with_llama_cpp else "")
+        + "acceptance | tokens/target call | plain steps | draft / verify time | identical to none |",
+        "|---|---|---|---|" + "---|" * len(peers) + "---|---|" + "---|" * (with_plain + with_llama_cpp)
+        + "---|---|---|---|---|",
+    ]
+    for r in report.results:
+        split = ("-" if r.draft_time_share is None
+                 else f"{100 * r.draft_time_share:.0f}% / {100 * (r.verify_time_share or 0.0):.0f}%")
+        lines.append(
+            f"| {r.method} | {_fmt(r.n_draft, 'd')} | {r.tokens_per_second:.1f} ({r.tokens_per_second_min:.1f}-"
+            f"{r.tokens_per_second_max:.1f}) | {r.speedup_vs_none:.2f}x | "
+            + "".join(f"{r.speedup_vs_peers[p]:.2f}x | " for p in peers)
+            + f"{_fmt(r.decode_tokens_per_second, '.1f')} | {_ratio(r.decode_speedup_vs_none)} | "
+            + (f"{_ratio(r.decode_speedup_vs_llama_cpp)} | " if with_plain else "")
+            + (f"{_ratio(r.decode_speedup_vs_best_llama_cpp)} | " if with_llama_cpp else "")
+            + f"{_fmt(r.acceptance_rate)} | {_fmt(r.tokens_per_target_call)} | "
+            f"{'-' if r.plain_step_share is None else f'{100 * r.plain_step_share:.0f}%'} | {split} | "
+            f"{r.greedy_identical}/{r.n_prompts} |"
+        )
+    if with_llama_cpp:
+        lines += ["", *_llama_cpp_section(report)]
+    if report.skipped:
+        lines += ["", "Skipped:"] + [f"- {m}: {why}" for m, why in report.skipped.items()]
+    divergences = [x for r in report.results for x in r.per_prompt if not x.identical_to_none]
+    if divergences:
+        lines += ["", "Divergences from none (a small top-2 logit gap is a near-tie, not a verification error):"]
+        lines += [f"- {x.method} {x.prompt_id}: first differs at token {x.divergence_index}, "
+                  f"top-2 logit gap {_fmt(x.top2_logit_gap, '.3f')}" for x in divergences]
+    return "\n".join(lines)
+
+
+def _llama_cpp_section(report: BenchReport) -> list[str]:
+    """The headline ratios and a per-prompt table of decode tok/s."""
+    counts: dict[str, int] = {}
+    for mode in report.best_llama_cpp_mode.values():
+        counts[mode] = counts.get(mode, 0) + 1
+    lines = [
+        f"Against llama.cpp's own tools (decode tok/s, medians of per-prompt ratios): auto / best llama.cpp mode "
+        f"{_ratio(report.auto_vs_best_llama_cpp)}; none / llama.cpp plain {_ratio(report.none_vs_llama_cpp)}. "
+        "Best mode per prompt: " + ", ".join(f"{m} {n}" for m, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+        + ".",
+        "",
+    ]
+    timed = [r for r in report.results if r.decode_tokens_per_second is not None]
+    auto = report.result("auto")
+    lines += [
+        "| prompt | prompt tokens | " + "".join(f"{r.method} | " for r in timed) + "best llama.cpp mode | "
+        + ("auto / best |" if auto else ""),
+        "|---|---|" + "---|" * len(timed) + "---|" + ("---|" if auto else ""),
+    ]
+    for i, x in enumerate(report.results[0].per_prompt):
+        mode = report.best_llama_cpp_mode.get(x.prompt_id, "-")
+        best = report.result(mode)
+        best_tps = best.per_prompt[i].decode_tokens_per_second if best else None
+        auto_tps = auto.per_prompt[i].decode_tokens_per_second if auto else None
+        ratio = auto_tps / best_tps if auto_tps is not None and best_tps else None
+        lines.append(f"| {x.prompt_id} | {x.n_prompt_tokens} | "
+                     + "".join(f"{_fmt(r.per_prompt[i].decode_tokens_per_second, '.1f')} | " for r in timed)
+                     + f"{mode} | " + (f"{_ratio(ratio)} |" if auto else ""))
+    return lines
+
+
+def write_json(report: BenchReport, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(report.to_dict(), indent=1) + "\n", encoding="utf-8")
+
+
+def plot(report: BenchReport, path: str | Path) -> None:
+    """Bar chart of tokens/s per method (median, min-max whiskers) as a PNG."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ImportError("--plot needs matplotlib: pip install matplotlib "
+                          "(or pip install 'pyspec-engine[bench]')") from None
+    names = [r.method for r in report.results]
+    med = [r.tokens_per_second for r in report.results]
+    err = [[m - r.tokens_per_second_min for m, r in zip(med, report.results)],
+           [r.tokens_per_second_max - m for m, r in zip(med, report.results)]]
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.2 * len(names)), 3.5))
+    try:
+        ax.bar(names, med, yerr=err, capsize=4, color=["#888" if n == "none" else "#3a7" for n in names])
+        ax.set_ylabel("tokens/s, wall (median, min-max)")
+        ax.set_title(f"{report.suite}, {report.n} prompts, {report.max_tokens} tokens, {report.threads} threads",
+                     fontsize=9)
+        ax.tick_params(axis="x", labelrotation=20)
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+    finally:
+        plt.close(fig)
