@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any, Sequence, Union
 
 from .bench_peers import (LLAMA_CPP_DEFAULT_N_DRAFT, LLAMA_CPP_DRAFT, LLAMA_CPP_PEERS, PEER_PLD_N_DRAFT, PYTHON_PEERS,
                           LlamaCppPeer, PythonPeer)
-from .bench_report import (BenchReport, MethodSummary, PromptRun, best_llama_cpp_runs, format_markdown, plot,
-                           summarize, write_json)
+from .bench_report import (BenchReport, MethodSummary, PromptRun, best_llama_cpp_runs, decode_within_limit,
+                           format_markdown, plot, summarize, versus_best_llama_cpp, write_json)
 from .config import DEFAULT_DRAFT, DEFAULT_TARGET, METHODS_NEEDING_DRAFT
 
 if TYPE_CHECKING:
@@ -141,6 +141,7 @@ def _run_pyspec(engine: "Engine", m: MethodSpec, prompt_id: str, prompt_tokens: 
     return PromptRun(
         prompt_id, m.label, len(prompt_tokens), s.n_generated, wall, s.n_generated / wall if wall else 0.0,
         r.finish_reason, list(r.tokens), decode_tokens_per_second=s.tokens_per_second,
+        decode_tokens_per_second_within_limit=s.tokens_per_second,  # the engine never passes max_tokens
         n_target_calls=s.n_target_calls, n_drafted=s.n_drafted, n_accepted=s.n_accepted,
         t_draft_ms=s.t_draft_ms, t_verify_ms=s.t_verify_ms, t_total_ms=s.t_total_ms,
         n_empty_drafts=s.n_empty_drafts, n_draft_decodes=s.n_draft_decodes,
@@ -297,6 +298,8 @@ def _report(specs: list[MethodSpec], runs: dict[str, list[PromptRun]], skipped: 
         repack=repack, methods=[m.label for m in specs], results=results, skipped=skipped, llama_cpp_modes=modes,
         best_llama_cpp_mode={x.prompt_id: x.method for x in best if x is not None},
         auto_vs_best_llama_cpp=by_label["auto"].decode_speedup_vs_best_llama_cpp if "auto" in by_label else None,
+        auto_vs_best_llama_cpp_within_limit=(versus_best_llama_cpp(runs["auto"], runs, modes, decode_within_limit)
+                                             if "auto" in runs else None),
         none_vs_llama_cpp=by_label["none"].decode_speedup_vs_llama_cpp,
     )  # fmt: skip
 

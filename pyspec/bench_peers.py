@@ -141,6 +141,8 @@ class LlamaCppPeer:
         return PromptRun(
             prompt_id, label, r.n_prompt_tokens, r.n_generated, r.wall_s,
             r.n_generated / r.wall_s if r.wall_s else 0.0, r.finish_reason, [],
-            decode_tokens_per_second=r.decode_tokens_per_second, n_drafted=r.n_drafted, n_accepted=r.n_accepted,
+            decode_tokens_per_second=r.decode_tokens_per_second,
+            decode_tokens_per_second_within_limit=r.decode_tokens_per_second_within_limit, n_drafted=r.n_drafted,
+            n_accepted=r.n_accepted,
             text=r.text, process_wall_s=r.process_s,
         )  # fmt: skip

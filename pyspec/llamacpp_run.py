@@ -16,7 +16,12 @@ commit 0c1e570:
   which starts with the last prompt token (the rest of the prompt, and the draft model's prompt
   processing, are in its `encoded` line). N counts every token the loop accepted, the end token
   included. With `-n N` it stops once more than N tokens were generated, and its last step drafts
-  without a length limit, so it can run past N by up to one draft; its figures count those tokens.
+  without a length limit (a draft limit of 0 means "none" to its drafters), so it can run past N
+  by up to one draft (48-64 tokens in the n-gram modes) at the cost of one large batch; its
+  figures count those tokens. It therefore runs with debug logging (`-lv 5`), whose per-step
+  line `accepted A/D draft tokens` carries the tool's own timestamp: `ToolRun.
+  decode_tokens_per_second_within_limit` is the rate up to the last step that stayed within the
+  limit, as if the run had stopped there.
 """
 
 from __future__ import annotations
@@ -67,6 +72,9 @@ class ToolRun:
     finish_reason: str  # "stop" (end token) | "length"
     decode_s: float
     decode_tokens_per_second: float  # the tool's own decode figure (module docstring)
+    # speculative-simple: tokens / loop time up to its last step within max_tokens (module
+    # docstring); llama-completion: its decode figure (it never passes the limit)
+    decode_tokens_per_second_within_limit: float | None
     wall_s: float  # prompt processing + generation as the tool timed it (model load excluded)
     process_s: float = 0.0  # the whole process, model load and warm-up included
     n_drafted: int | None = None  # speculative-simple only
@@ -84,7 +92,8 @@ def _common_args(settings: ToolSettings, prompt_file: Path) -> list[str]:
         # speculative-simple needs the whole prompt in one logical batch; the physical batch is the engine's
         "-b", str(max(settings.n_ctx, settings.n_ubatch)), "-ub", str(settings.n_ubatch),
         "-fa", "on" if settings.flash_attn else "off", "-ngl", str(settings.n_gpu_layers),
-        "-co", "off", "--log-colors", "off",
+        "-co", "off", "--log-colors", "off", "--log-prefix", "--log-timestamps",
+        "-fit", "off",  # its automatic fitting to device memory only adjusts what is not set here
     ]  # fmt: skip
     if not settings.repack:
         args.append("--no-repack")
@@ -92,13 +101,14 @@ def _common_args(settings: ToolSettings, prompt_file: Path) -> list[str]:
 
 
 def completion_args(settings: ToolSettings, prompt_file: Path, max_tokens: int) -> list[str]:
-    return [*_common_args(settings, prompt_file), "-n", str(max_tokens), "-no-cnv", "--no-display-prompt"]
+    return [*_common_args(settings, prompt_file), "-n", str(max_tokens), "-no-cnv", "--no-display-prompt", "-lv", "3"]
 
 
 def speculative_args(settings: ToolSettings, prompt_file: Path, max_tokens: int, spec_type: str,
                      draft: str | None = None, n_draft: int | None = None) -> list[str]:
     # -n N generates at least N + 1 tokens (module docstring): ask for max_tokens - 1.
-    args = [*_common_args(settings, prompt_file), "-n", str(max(max_tokens - 1, 0)), "--spec-type", spec_type]
+    args = [*_common_args(settings, prompt_file), "-n", str(max(max_tokens - 1, 0)), "--spec-type", spec_type,
+            "-lv", "5"]  # debug: per-step lines with timestamps (module docstring)
     if draft is not None:
         args += ["-md", draft, "-ngld", str(settings.n_gpu_layers)]
     if n_draft is not None:
@@ -141,7 +151,7 @@ def parse_completion(stdout: bytes, stderr: str, max_tokens: int) -> ToolRun:
         text=body.decode("utf-8", "surrogateescape"), special_rendered=False, n_prompt_tokens=int(prompt.group(2)),
         n_generated=n_generated, finish_reason="stop" if stopped else "length",
         decode_s=float(decode.group(1)) / 1e3, decode_tokens_per_second=float(decode.group(4)),
-        wall_s=float(total.group(1)) / 1e3,
+        decode_tokens_per_second_within_limit=float(decode.group(4)), wall_s=float(total.group(1)) / 1e3,
     )
 
 
@@ -162,13 +172,47 @@ def parse_speculative(stdout: bytes, stderr: str, prompt: bytes, max_tokens: int
     body = stdout[len(head):]
     body = body[:-4] if body.endswith(b"\n\n\n\n") else body[:-2]
     n_generated = int(decoded.group(1))
+    decode_s = float(decoded.group(2))
     return ToolRun(
         text=body.decode("utf-8", "surrogateescape"), special_rendered=True, n_prompt_tokens=int(encoded.group(1)),
         n_generated=n_generated, finish_reason="length" if n_generated >= max_tokens else "stop",
-        decode_s=float(decoded.group(2)), decode_tokens_per_second=float(decoded.group(3)),
+        decode_s=decode_s, decode_tokens_per_second=float(decoded.group(3)),
+        decode_tokens_per_second_within_limit=_rate_within_limit(stderr, n_generated, decode_s, max_tokens),
         wall_s=float(encoded.group(2)) + float(decoded.group(2)),
         n_drafted=int(drafted.group(1)), n_accepted=int(accepted.group(1)),
     )
+
+
+_TIMESTAMP = r"^(\d+)\.(\d+)\.(\d+)\.(\d+) "  # the log prefix: minutes.seconds.milliseconds.microseconds
+
+
+def _log_time_s(match: re.Match[str]) -> float:
+    minutes, seconds, ms, us = (int(g) for g in match.groups()[:4])
+    return minutes * 60.0 + seconds + ms / 1e3 + us / 1e6
+
+
+def _rate_within_limit(stderr: str, n_generated: int, decode_s: float, max_tokens: int) -> float | None:
+    """Tokens / seconds of llama-speculative-simple's loop up to its last step that ended within
+    max_tokens, from its debug lines; None without them, or when they do not add up to the
+    tool's own count (then they do not describe every step)."""
+    steps = [(_log_time_s(m), int(m.group(5)) + 1) for m in re.finditer(
+        _TIMESTAMP + r"D accepted (\d+)/\d+ draft tokens", stderr, re.MULTILINE)]
+    decoded = re.search(_TIMESTAMP + r"I decoded ", stderr, re.MULTILINE)
+    if not steps or decoded is None or sum(n for _, n in steps) != n_generated:
+        return None
+    start = _log_time_s(decoded) - decode_s  # the loop ended just before this line was logged
+    n_tokens, end = 0, start
+    for t, n in steps:
+        if n_tokens + n > max_tokens:
+            break
+        n_tokens, end = n_tokens + n, t
+    return n_tokens / (end - start) if n_tokens and end > start else None
+
+
+def _tool_env() -> dict[str, str]:
+    """The environment without LLAMA_* variables: the tools read settings from them (LLAMA_ARG_*,
+    LLAMA_LOG_*) and only the command line should decide."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_")}
 
 
 def _execute(tool: Path, args: list[str], parse: Callable[[bytes, str], ToolRun], timeout_s: float | None
@@ -178,7 +222,7 @@ def _execute(tool: Path, args: list[str], parse: Callable[[bytes, str], ToolRun]
     for attempt in range(1, ATTEMPTS + 1):
         t0 = time.perf_counter()
         try:
-            proc = subprocess.run([str(tool), *args], capture_output=True, timeout=timeout_s)
+            proc = subprocess.run([str(tool), *args], capture_output=True, timeout=timeout_s, env=_tool_env())
         except subprocess.TimeoutExpired:
             raise LlamaCppToolsError(f"{tool.name} did not finish within {timeout_s:.0f} s") from None
         elapsed = time.perf_counter() - t0

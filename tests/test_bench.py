@@ -141,18 +141,26 @@ def test_ratios_against_the_best_llama_cpp_mode_of_each_prompt() -> None:
         "none": [10.0, 10.0, 10.0], "auto": [30.0, 12.0, 20.0],
         "llama.cpp": [11.0, 12.5, 10.0], "llama.cpp-ngram-mod": [20.0, 10.0, 40.0], "llama.cpp-ngram-simple": [24.0, 8.0, 25.0],
     }
-    runs = {m: [PromptRun(f"s/{i}", m, 100, 50, 5.0, 10.0, "length", [], decode_tokens_per_second=v)
-                for i, v in enumerate(vs)] for m, vs in decode.items()}
+    runs = {m: [PromptRun(f"s/{i}", m, 100, 50, 5.0, 10.0, "length", [], decode_tokens_per_second=v,
+                          decode_tokens_per_second_within_limit=v) for i, v in enumerate(vs)] for m, vs in decode.items()}
+    for x, v in zip(runs["llama.cpp-ngram-mod"], [15.0, 10.0, 20.0]):  # its last step ran past the limit
+        x.decode_tokens_per_second_within_limit = v
     specs = parse_methods(",".join(decode))
     report = _report(specs, runs, {}, target="t", draft=None, suite="s", max_tokens=50, threads=2, repack=True)
     assert report.best_llama_cpp_mode == {"s/0": "llama.cpp-ngram-simple", "s/1": "llama.cpp", "s/2": "llama.cpp-ngram-mod"}
     # auto / best: 30/24, 12/12.5, 20/40 -> median 0.96; none / plain: 10/11, 10/12.5, 10/10 -> median 10/11
     assert report.auto_vs_best_llama_cpp == pytest.approx(12 / 12.5)
     assert report.none_vs_llama_cpp == pytest.approx(10 / 11)
+    # within the limit the best modes are ngram-simple (24), plain (12.5), ngram-simple (25): 1.25, 0.96, 0.8
+    assert report.auto_vs_best_llama_cpp_within_limit == pytest.approx(12 / 12.5)
+    runs["auto"][1].decode_tokens_per_second_within_limit = 14.0
+    assert _report(specs, runs, {}, target="t", draft=None, suite="s", max_tokens=50, threads=2,
+                   repack=True).auto_vs_best_llama_cpp_within_limit == pytest.approx(14 / 12.5)
     auto = report.result("auto")
     assert auto is not None and auto.decode_tokens_per_second == 20.0
     assert auto.decode_speedup_vs_none == pytest.approx(2.0) and auto.decode_speedup_vs_llama_cpp == pytest.approx(2.0)
     table = format_markdown(report)
-    assert "auto / best llama.cpp mode 0.96x; none / llama.cpp plain 0.91x" in table
+    assert "auto / best llama.cpp mode 0.96x (0.96x with llama-speculative-simple's speed up to the token limit" in table
+    assert "none / llama.cpp plain 0.91x" in table
     assert "| s/0 | 100 | 10.0 | 30.0 | 11.0 | 20.0 | 24.0 | llama.cpp-ngram-simple | 1.25x |" in table
     assert "| decode tok/s | decode vs none | decode vs llama.cpp | decode vs best llama.cpp mode |" in table

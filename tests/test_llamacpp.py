@@ -39,6 +39,7 @@ def test_parse_completion_stopped_by_an_end_token() -> None:
     # "yes", then the end token: one decode (of "yes"), one generated token as pyspec counts
     assert run.n_generated == 1 and run.n_prompt_tokens == 17
     assert run.decode_s == pytest.approx(2.18709) and run.decode_tokens_per_second == pytest.approx(0.46)
+    assert run.decode_tokens_per_second_within_limit == run.decode_tokens_per_second
     assert run.wall_s == pytest.approx(4.30942)
     assert run.n_drafted is None
 
@@ -208,6 +209,7 @@ def test_real_tools_on_the_tiny_models(tiny_target: str, tiny_drafts: dict[str, 
         assert r.decode_tokens_per_second is not None and r.decode_tokens_per_second > 0
         for x, ref in zip(r.per_prompt, none.per_prompt):
             assert x.n_prompt_tokens == ref.n_prompt_tokens
+            assert x.decode_tokens_per_second_within_limit is not None, r.method
             if r.method != "none":
                 assert x.text and x.process_wall_s is not None and x.process_wall_s >= x.wall_s
                 assert x.n_generated >= ref.n_generated  # speculative-simple may run past the limit
@@ -216,3 +218,21 @@ def test_real_tools_on_the_tiny_models(tiny_target: str, tiny_drafts: dict[str, 
     assert set(report.best_llama_cpp_mode) == {"custom/0", "custom/1"}
     assert none.decode_speedup_vs_llama_cpp is not None and report.none_vs_llama_cpp == none.decode_speedup_vs_llama_cpp
     assert "Against llama.cpp's own tools" in format_markdown(report)
+
+
+def test_speculative_run_past_the_limit_and_its_speed_within_it() -> None:
+    """A real -lv 5 run (ngram-mod, -n 63 for 64 tokens; excerpt: the lines the parser reads):
+    24 plain steps, one bounded draft (38/38) reaching 63 tokens, then the last step's unbounded
+    draft (58/64) taking the run to 122 tokens."""
+    stdout, stderr = _captured("speculative_overshoot")
+    run = parse_speculative(stdout, stderr, (CAPTURED / "prompt_humaneval0.txt").read_bytes(), max_tokens=64)
+    assert run.n_generated == 122 and run.finish_reason == "length"
+    assert run.decode_tokens_per_second == pytest.approx(5.838)
+    # 63 tokens up to the 38/38 step logged at 0.34.950.343; the loop started 20.898 s before
+    # the `decoded` line (0.40.526.618)
+    assert run.decode_tokens_per_second_within_limit == pytest.approx(63 / (34.950343 - (40.526618 - 20.898)))
+    assert run.text.startswith("```python\nfrom typing import List") and run.text.endswith('"""\n   ')
+    # without the debug lines (the other captures), no within-limit figure
+    stdout, stderr = _captured("speculative_len")
+    assert parse_speculative(stdout, stderr, (CAPTURED / "prompt_humaneval0.txt").read_bytes(), 12
+                             ).decode_tokens_per_second_within_limit is None
