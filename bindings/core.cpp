@@ -1,4 +1,6 @@
 // pyspec._core: registrations only. All logic lives in engine/ (C++) or pyspec/ (Python).
+#include <cstring>
+
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/function.h>
@@ -34,10 +36,12 @@ nb::ndarray<nb::numpy, T> to_numpy(std::vector<T>&& values, std::initializer_lis
     return nb::ndarray<nb::numpy, T>(owned->data(), shape, owner);
 }
 
-// Raises the class of that name from pyspec.errors (which gives them Python-friendly bases).
+// Raises the class of that name from pyspec.errors (which gives them Python-friendly bases). The
+// message may quote bytes of a corrupt file: invalid UTF-8 becomes U+FFFD, never a decode error.
 void raise_as(const char* name, const char* message) {
     nb::object cls = nb::module_::import_("pyspec.errors").attr(name);
-    PyErr_SetString(cls.ptr(), message);
+    nb::object text = nb::steal(PyUnicode_DecodeUTF8(message, Py_ssize_t(std::strlen(message)), "replace"));
+    PyErr_SetObject(cls.ptr(), text.ptr());
 }
 
 }  // namespace
@@ -307,6 +311,7 @@ NB_MODULE(_core, m) {
         .def_ro("rejected_prob", &spec::StepTrace::rejected_prob);
 
     nb::class_<spec::GenerateResult>(m, "GenerateResult")
+        .def(nb::init<>())
         .def_ro("text", &spec::GenerateResult::text)
         .def_ro("prompt_tokens", &spec::GenerateResult::prompt_tokens)
         .def_ro("tokens", &spec::GenerateResult::tokens)
@@ -389,18 +394,22 @@ NB_MODULE(_core, m) {
         }, "target"_a, "draft"_a, "n_ctx"_a, "n_batch"_a, "n_threads"_a, "n_gpu_layers"_a, "n_seq_max"_a, "use_extra_bufts"_a, "seed"_a,
            "reuse_prefix"_a = true, nb::call_guard<nb::gil_scoped_release>())
         .def("generate", [](spec::Engine& engine, const std::vector<int32_t>& prompt, const spec::GenerateParams& params,
-                            nb::object on_text) {
-            spec::TextCallback callback;
-            if (!on_text.is_none()) {
-                callback = [on_text](const std::string& piece, const spec::GenerateResult& so_far) {
-                    nb::gil_scoped_acquire gil;
-                    // A reference valid during the call only: Python reads what it needs (since()).
-                    return nb::cast<bool>(on_text(piece, nb::cast(&so_far, nb::rv_policy::reference)));
-                };
-            }
+                            nb::object on_text, spec::GenerateResult* partial) {
+            // Without on_text the callback still runs Python's signal handlers, so that Ctrl-C
+            // (KeyboardInterrupt) stops a long generation between two tokens.
+            const spec::TextCallback callback = [on_text](const std::string& piece, const spec::GenerateResult& so_far) {
+                nb::gil_scoped_acquire gil;
+                if (on_text.is_none()) {
+                    if (PyErr_CheckSignals() != 0) throw nb::python_error();
+                    return true;
+                }
+                // A reference valid during the call only: Python reads what it needs (since()).
+                return nb::cast<bool>(on_text(piece, nb::cast(&so_far, nb::rv_policy::reference)));
+            };
             nb::gil_scoped_release release;
-            return engine.generate(prompt, params, callback);
-        }, "prompt_tokens"_a, "params"_a, "on_text"_a = nb::none())
+            return engine.generate(prompt, params, callback, partial);
+        }, "prompt_tokens"_a, "params"_a, "on_text"_a = nb::none(), "partial"_a.none() = nb::none(),
+           "partial: a GenerateResult that receives the output so far when an error stops the generation.")
         .def("evaluate", [](spec::Engine& engine, const std::vector<int32_t>& tokens, bool use_draft, bool all_rows,
                             const std::string& draft_name, int32_t first_row) {
             std::vector<float> logits;
@@ -427,24 +436,25 @@ NB_MODULE(_core, m) {
         .def("cost_signature", [](spec::Engine& engine, bool use_draft, const std::string& draft_name) {
             return (use_draft ? engine.draft(draft_name) : engine.target()).cost_signature();
         }, "use_draft"_a, "draft_name"_a = "")
+        // The target's tokenizer, callable from any thread while a generation runs or close() does.
         .def("tokenize", [](spec::Engine& e, const std::string& text, bool add_special, bool parse_special) {
-            return e.target().tokenize(text, add_special, parse_special);
+            return e.shared_target()->tokenize(text, add_special, parse_special);
         }, "text"_a, "add_special"_a, "parse_special"_a)
         .def("detokenize", [](spec::Engine& e, const std::vector<int32_t>& tokens, bool special) {
-            const std::string bytes = e.target().detokenize(tokens, special);
+            const std::string bytes = e.shared_target()->detokenize(tokens, special);
             return nb::bytes(bytes.data(), bytes.size());
         }, "tokens"_a, "special"_a = false)
         .def("token_to_piece", [](spec::Engine& e, int32_t token, bool special) {
-            const std::string bytes = e.target().token_to_piece(token, special);
+            const std::string bytes = e.shared_target()->token_to_piece(token, special);
             return nb::bytes(bytes.data(), bytes.size());
         }, "token"_a, "special"_a = false)
         .def("apply_chat_template", [](spec::Engine& e, const std::vector<std::pair<std::string, std::string>>& messages,
                                        bool add_assistant) {
-            return e.target().apply_chat_template(messages, add_assistant);
+            return e.shared_target()->apply_chat_template(messages, add_assistant);
         }, "messages"_a, "add_assistant"_a = true)
-        .def("is_eog", [](spec::Engine& e, int32_t token) { return e.target().is_eog(token); })
-        .def_prop_ro("n_vocab", [](spec::Engine& e) { return e.target().n_vocab(); })
-        .def_prop_ro("n_ctx", [](spec::Engine& e) { return e.target().n_ctx(); })
+        .def("is_eog", [](spec::Engine& e, int32_t token) { return e.shared_target()->is_eog(token); })
+        .def_prop_ro("n_vocab", [](spec::Engine& e) { return e.shared_target()->n_vocab(); })
+        .def_prop_ro("n_ctx", [](spec::Engine& e) { return e.shared_target()->n_ctx(); })
         .def_prop_ro("has_draft", [](spec::Engine& e) { return e.has_draft(); })
         .def("has_draft_named", [](spec::Engine& e, const std::string& name) { return e.has_draft(name); }, "name"_a)
         .def("draft_names", &spec::Engine::draft_names)
@@ -466,12 +476,14 @@ NB_MODULE(_core, m) {
             spec::Model& model = use_draft ? e.draft(draft_name) : e.target();
             return std::make_tuple(model.description(), model.n_layer(), model.n_embd(), model.n_vocab());
         }, "use_draft"_a = false, "draft_name"_a = "")
+        // The pool, usable from any thread while a generation runs or close() does.
         .def("pool_stats", [](spec::Engine& e) {
-            const spec::PhrasePoolStats s = e.pool().stats();
+            const std::shared_ptr<spec::PhrasePool> pool = e.pool();
+            const spec::PhrasePoolStats s = pool->stats();
             nb::dict d;
             d["size"] = s.size;
-            d["capacity"] = e.pool().params().capacity;
-            d["memory_bytes"] = e.pool().memory_bytes();
+            d["capacity"] = pool->params().capacity;
+            d["memory_bytes"] = pool->memory_bytes();
             d["n_inserted"] = s.n_inserted;
             d["n_refreshed"] = s.n_refreshed;
             d["n_merged"] = s.n_merged;
@@ -490,11 +502,11 @@ NB_MODULE(_core, m) {
             d["n_inserted_by_source"] = by_source;
             return d;
         })
-        .def("save_pool", [](spec::Engine& e, const std::string& path) { e.pool().save(path); }, "path"_a,
+        .def("save_pool", [](spec::Engine& e, const std::string& path) { e.pool()->save(path); }, "path"_a,
              nb::call_guard<nb::gil_scoped_release>())
-        .def("load_pool", [](spec::Engine& e, const std::string& path) { e.pool().load(path); }, "path"_a,
+        .def("load_pool", [](spec::Engine& e, const std::string& path) { e.pool()->load(path); }, "path"_a,
              nb::call_guard<nb::gil_scoped_release>())
-        .def("clear_pool", [](spec::Engine& e) { e.pool().clear(); })
+        .def("clear_pool", [](spec::Engine& e) { e.pool()->clear(); })
         .def("measure_cost", [](spec::Engine& e, bool use_draft, const std::string& draft_name,
                                 const std::vector<int32_t>& sizes, int32_t repeats, nb::object progress) {
             spec::CalibrationProgress callback;
@@ -531,5 +543,5 @@ NB_MODULE(_core, m) {
              "A copy of the target's cost model: its calibration prior and the corrections learnt from the "
              "steps decoded so far.")
         .def("system_info", [](spec::Engine&) { return spec::backend_description(); })
-        .def("close", &spec::Engine::close);
+        .def("close", &spec::Engine::close, nb::call_guard<nb::gil_scoped_release>());
 }

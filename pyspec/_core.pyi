@@ -530,6 +530,8 @@ class StepTrace:
     def rejected_prob(self) -> float: ...
 
 class GenerateResult:
+    def __init__(self) -> None: ...
+
     @property
     def text(self) -> str: ...
 
@@ -600,7 +602,10 @@ class DraftHead:
 class Engine:
     def __init__(self, target: str, draft: str, n_ctx: int, n_batch: int, n_threads: int, n_gpu_layers: int, n_seq_max: int, use_extra_bufts: bool, seed: int, reuse_prefix: bool = True) -> None: ...
 
-    def generate(self, prompt_tokens: Sequence[int], params: GenerateParams, on_text: object | None = None) -> GenerateResult: ...
+    def generate(self, prompt_tokens: Sequence[int], params: GenerateParams, on_text: object | None = None, partial: GenerateResult | None = None) -> GenerateResult:
+        """
+        partial: a GenerateResult that receives the output so far when an error stops the generation.
+        """
 
     def evaluate(self, tokens: Sequence[int], use_draft: bool = False, all_rows: bool = False, draft_name: str = '', first_row: int = 0) -> NDArray[numpy.float32]: ...
 

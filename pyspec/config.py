@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from . import _core
+from .errors import InvalidArgumentError
 
 # The engine's drafting methods, from its registration table (engine/src/drafter_registry.cpp).
 METHODS = tuple(name for name, _, _ in _core.drafter_methods())
@@ -23,6 +27,59 @@ DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 # development machine (`pyspec bench`, README "Measured results"). A free drafter affords longer
 # drafts than a draft model whose every token costs a decode.
 DEFAULT_N_DRAFT = {"chain": 4, "lookup": 8, "ouroboros": 4}
+
+
+_INT32_RANGE = (-(2**31), 2**31 - 1)
+_UINT64_RANGE = (0, 2**64 - 1)
+_BOOL_FIELDS = {"auto_draft_model", "auto_adapt_costs", "pool", "harvest_prompt", "harvest_generated", "harvest_verification",
+                "return_logits"}
+_FLOAT_FIELDS = {"temperature", "top_p", "min_p", "typical_epsilon", "typical_delta"}
+_STR_FIELDS = {"draft", "acceptance"}
+_OPTIONAL_STR_FIELDS = {"method"}
+_OPTIONAL_INT_FIELDS = {"n_draft", "seed", "logprobs"}
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return f"{text[:60]}... ({type(value).__name__})" if len(text) > 60 else f"{text} ({type(value).__name__})"
+
+
+def _check_str(name: str, value: Any) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"GenerationConfig.{name} must be a str, got {_describe(value)}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise TypeError(f"GenerationConfig.{name} is not valid text (unpaired surrogate at {exc.start})") from None
+
+
+def _check_field(name: str, value: Any) -> None:
+    if value is None and (name in _OPTIONAL_STR_FIELDS or name in _OPTIONAL_INT_FIELDS or name == "stop"):
+        return
+    if name in _BOOL_FIELDS:
+        if not isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"GenerationConfig.{name} must be a bool, got {_describe(value)}")
+    elif name in _FLOAT_FIELDS:
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+            raise TypeError(f"GenerationConfig.{name} must be a number, got {_describe(value)}")
+        try:
+            float(value)
+        except OverflowError:
+            raise InvalidArgumentError(f"GenerationConfig.{name} is too large for a float: {_describe(value)}") from None
+    elif name in _STR_FIELDS or name in _OPTIONAL_STR_FIELDS:
+        _check_str(name, value)
+    elif name == "stop":
+        items = [value] if isinstance(value, str) else value
+        if isinstance(items, (bytes, bytearray)) or not isinstance(items, Sequence):
+            raise TypeError(f"GenerationConfig.stop must be a str or a sequence of str, got {_describe(value)}")
+        for item in items:
+            _check_str("stop", item)
+    else:  # every other field is an int
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"GenerationConfig.{name} must be an int, got {_describe(value)}")
+        low, high = _UINT64_RANGE if name == "seed" else _INT32_RANGE
+        if not low <= int(value) <= high:
+            raise InvalidArgumentError(f"GenerationConfig.{name} must be in [{low}, {high}], got {int(value)}")
 
 
 @dataclass(frozen=True)
@@ -103,6 +160,12 @@ class GenerationConfig:
     return_logits: bool = False
     logprobs: int | None = None
 
+    def __post_init__(self) -> None:
+        """Checks every field's type (and that integers fit the engine's 32-bit fields); the
+        engine checks the ranges. Raises TypeError or InvalidArgumentError naming the field."""
+        for f in dataclasses.fields(self):
+            _check_field(f.name, getattr(self, f.name))
+
     def replace(self, **options: Any) -> "GenerationConfig":
         """A copy with some fields changed; unknown names raise TypeError listing the valid ones."""
         names = {f.name for f in dataclasses.fields(self)}
@@ -117,40 +180,40 @@ class GenerationConfig:
     def to_core(self) -> Any:
         """The engine's GenerateParams for these settings (the engine validates them)."""
         p = _core.GenerateParams()
-        p.max_tokens = self.max_tokens
-        p.sampling.temperature = self.temperature
-        p.sampling.top_k = self.top_k
-        p.sampling.top_p = self.top_p
-        p.sampling.min_p = self.min_p
+        p.max_tokens = int(self.max_tokens)
+        p.sampling.temperature = float(self.temperature)
+        p.sampling.top_k = int(self.top_k)
+        p.sampling.top_p = float(self.top_p)
+        p.sampling.min_p = float(self.min_p)
         p.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         p.method = self.resolved_method()
         p.draft = self.draft
-        p.n_draft = self.n_draft if self.n_draft is not None else DEFAULT_N_DRAFT.get(p.method, 4)
-        p.scheduler.max_depth = self.auto_max_depth
-        p.scheduler.max_nodes = self.auto_max_nodes
-        p.scheduler.max_gamma = self.auto_max_gamma
-        p.scheduler.use_draft_model = self.auto_draft_model
-        p.scheduler.adapt_costs = self.auto_adapt_costs
-        p.lookup.ngram_max = self.lookup_ngram_max
-        p.lookup.ngram_min = self.lookup_ngram_min
-        p.tree.n_nodes = self.tree_nodes
-        p.tree.depth = self.tree_depth
-        p.tree.branching = self.tree_branching
-        p.tree.n_expand = self.tree_expand
-        p.beam.n_beams = self.beams
-        p.beam.length = self.beam_length
-        p.pool.enabled = self.pool
-        p.pool.n_branches = self.pool_branches
-        p.pool.phrase_len = self.pool_phrase_len
-        p.pool.max_nodes = self.pool_max_nodes
-        p.pool.harvest_prompt = self.harvest_prompt
-        p.pool.harvest_generated = self.harvest_generated
-        p.pool.harvest_verification = self.harvest_verification
+        p.n_draft = int(self.n_draft) if self.n_draft is not None else DEFAULT_N_DRAFT.get(p.method, 4)
+        p.scheduler.max_depth = int(self.auto_max_depth)
+        p.scheduler.max_nodes = int(self.auto_max_nodes)
+        p.scheduler.max_gamma = int(self.auto_max_gamma)
+        p.scheduler.use_draft_model = bool(self.auto_draft_model)
+        p.scheduler.adapt_costs = bool(self.auto_adapt_costs)
+        p.lookup.ngram_max = int(self.lookup_ngram_max)
+        p.lookup.ngram_min = int(self.lookup_ngram_min)
+        p.tree.n_nodes = int(self.tree_nodes)
+        p.tree.depth = int(self.tree_depth)
+        p.tree.branching = int(self.tree_branching)
+        p.tree.n_expand = int(self.tree_expand)
+        p.beam.n_beams = int(self.beams)
+        p.beam.length = int(self.beam_length)
+        p.pool.enabled = bool(self.pool)
+        p.pool.n_branches = int(self.pool_branches)
+        p.pool.phrase_len = int(self.pool_phrase_len)
+        p.pool.max_nodes = int(self.pool_max_nodes)
+        p.pool.harvest_prompt = bool(self.harvest_prompt)
+        p.pool.harvest_generated = bool(self.harvest_generated)
+        p.pool.harvest_verification = bool(self.harvest_verification)
         p.acceptance = self.acceptance
-        p.typical_epsilon = self.typical_epsilon
-        p.typical_delta = self.typical_delta
-        p.seed = self.seed
-        p.trace_top_k = self.trace_top_k
-        p.return_logits = self.return_logits
-        p.logprobs = -1 if self.logprobs is None else self.logprobs
+        p.typical_epsilon = float(self.typical_epsilon)
+        p.typical_delta = float(self.typical_delta)
+        p.seed = None if self.seed is None else int(self.seed)
+        p.trace_top_k = int(self.trace_top_k)
+        p.return_logits = bool(self.return_logits)
+        p.logprobs = -1 if self.logprobs is None else int(self.logprobs)
         return p

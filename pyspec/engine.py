@@ -47,26 +47,38 @@ def cpu_has_amx() -> bool:
     return False
 
 
+def _check_text(what: str, value: object) -> None:
+    """TypeError naming `what` unless value is a str that UTF-8 can encode (no lone surrogates)."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, got {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise TypeError(f"{what} is not valid text (unpaired surrogate at index {exc.start})") from None
+
+
 def message_text(content: Any, index: int) -> str:
     """The text of one chat message's content: a string, None (""), or a list of OpenAI content
     parts whose text parts are joined with newlines. Raises InvalidArgumentError for a non-text
-    part and TypeError for anything else."""
+    part and TypeError for anything else (including text that UTF-8 cannot encode)."""
     if content is None:
         return ""
     if isinstance(content, str):
+        _check_text(f"message {index} content", content)
         return content
     if isinstance(content, (list, tuple)):
         texts = []
         for j, part in enumerate(content):
-            kind = part.get("type") if isinstance(part, dict) else None
+            kind = part.get("type") if isinstance(part, Mapping) else None
             if kind == "text" and isinstance(part.get("text"), str):
+                _check_text(f"message {index}, content part {j} text", part["text"])
                 texts.append(part["text"])
             elif isinstance(kind, str) and kind != "text":
-                raise InvalidArgumentError(f"message {index}, content part {j}: type {kind!r} is not supported; "
+                raise InvalidArgumentError(f"message {index}, content part {j}: type {kind!r:.80} is not supported; "
                                            "this model reads text only (parts of type 'text')")
             else:
                 raise TypeError(f"message {index}, content part {j} must be {{'type': 'text', 'text': str}}, "
-                                f"got {part!r}")
+                                f"got {part!r:.80}")
         return "\n".join(texts)
     raise TypeError(f"message {index}: content must be a string, None or a list of content parts, "
                     f"got {type(content).__name__}")
@@ -125,6 +137,7 @@ class Engine:
             _forward_llama_logs()
         self.n_threads = threads
         self.n_gpu_layers = int(n_gpu_layers)
+        self._n_vocab = int(self._core.n_vocab)
         # One generation at a time: the engine owns one KV cache per model. A second caller
         # (another thread, or generate() while a stream() is running) waits its turn. Draft
         # swaps take the same lock, so a draft never changes during a generation.
@@ -264,6 +277,7 @@ class Engine:
     # -- text <-> tokens -----------------------------------------------------------------------
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        _check_text("text", text)
         return list(self._core.tokenize(text, add_special, parse_special))
 
     def detokenize(self, tokens: Sequence[int], *, special: bool = False) -> str:
@@ -284,29 +298,38 @@ class Engine:
     def apply_chat_template(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> str:
         """Formats messages ([{"role": ..., "content": ...}]) with the target's chat template.
 
-        content is a string, None (no text: an empty string, as an assistant message that only
-        carried tool calls), or OpenAI's list of content parts, whose text parts
+        role is a string; content is a string, None (no text: an empty string, as an assistant
+        message that only carried tool calls), or OpenAI's list of content parts, whose text parts
         ({"type": "text", "text": ...}) are joined with newlines. Other parts (images, audio,
         files) raise InvalidArgumentError: the models here read text only.
         """
+        if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+            raise TypeError(f"messages must be a list of dicts, got {type(messages).__name__}")
         pairs = []
         for i, m in enumerate(messages):
-            if not isinstance(m, dict) or "role" not in m or "content" not in m:
-                raise TypeError(f"message {i} must be a dict with 'role' and 'content', got {m!r}")
-            if not isinstance(m["role"], str):
-                raise TypeError(f"message {i}: role must be a string, got {m['role']!r}")
+            if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
+                raise TypeError(f"message {i} must be a dict with 'role' and 'content', got {m!r:.80}")
+            _check_text(f"message {i} role", m["role"])
             pairs.append((m["role"], message_text(m["content"], i)))
         return str(self._core.apply_chat_template(pairs, add_generation_prompt))
 
     def prompt_tokens(self, prompt: Prompt) -> list[int]:
         """Token ids for a prompt given as text, token ids, or chat messages."""
         if isinstance(prompt, str):
+            _check_text("prompt", prompt)
             return self.tokenize(prompt)
+        if isinstance(prompt, (bytes, bytearray)) or not isinstance(prompt, (Sequence, np.ndarray)):
+            raise TypeError(f"prompt must be a string, a list of token ids, or a list of chat messages, "
+                            f"got {type(prompt).__name__}")
         items = list(prompt)
-        if items and all(isinstance(m, dict) for m in items):
+        if items and all(isinstance(m, Mapping) for m in items):
             return self.tokenize(self.apply_chat_template(items))  # type: ignore[arg-type]
-        if all(isinstance(t, (int, np.integer)) for t in items):
-            return [int(t) for t in items]
+        if all(isinstance(t, (int, np.integer)) and not isinstance(t, (bool, np.bool_)) for t in items):
+            tokens = [int(t) for t in items]
+            for t in tokens:
+                if not 0 <= t < self._n_vocab:
+                    raise InvalidArgumentError(f"prompt token {t} outside the vocabulary [0, {self._n_vocab})")
+            return tokens
         raise TypeError("prompt must be a string, a list of token ids, or a list of chat messages")
 
     def evaluate(self, tokens: Sequence[int], *, draft: bool | str = False, all_rows: bool = False,
@@ -407,11 +430,15 @@ class Engine:
         keywords, e.g. max_tokens=128, method="tree", temperature=0.7) applied on top; see
         GenerationConfig for every knob. Greedy output (temperature 0) is token-identical to
         method="none", except where batched and one-token logits of the backend flip a near-tie
-        (README, "Numerics").
+        (docs/numerics.md).
 
         on_chunk: called on the generating thread with each StreamChunk (newly safe text, the
         tokens generated since the last chunk, their log-probabilities when asked for); return
         False to cancel the generation (finish_reason "cancelled"; the engine stays usable).
+
+        An exception that stops the generation after it started (llama.cpp failed, Ctrl-C, a
+        callback raised) carries the output produced so far as `exc.partial_result`, a
+        GenerationResult with finish_reason "error"; the engine stays usable.
         """
         cfg = (config or GenerationConfig()).replace(**options)
         return self._run(self.prompt_tokens(prompt), cfg, on_chunk)
@@ -442,14 +469,22 @@ class Engine:
                 logprobs = TokenLogprobs._from_core(since) if with_logprobs else None
                 return bool(on_chunk(StreamChunk(piece, list(since[0]), logprobs)))
 
+        partial = _core.GenerateResult()
         try:
             with self._lock:
                 if params.method == "auto":
                     self._ensure_costs(config)
-                core_result = self._core.generate(tokens, params, core_callback)
+                core_result = self._core.generate(tokens, params, core_callback, partial)
+        except BaseException as exc:
+            if partial.finish_reason == "error":  # the generation had started: keep its output
+                exc.partial_result = self._result(partial, config, params)  # type: ignore[attr-defined]
+            raise
         finally:
             _forward_llama_logs()
-        logits = core_result.take_logits(self.n_vocab) if config.return_logits else None
+        return self._result(core_result, config, params)
+
+    def _result(self, core_result: Any, config: GenerationConfig, params: Any) -> GenerationResult:
+        logits = core_result.take_logits(self._n_vocab) if config.return_logits else None
         return GenerationResult(
             text=core_result.text,
             tokens=list(core_result.tokens),
@@ -462,7 +497,7 @@ class Engine:
             draft=config.draft,
             draft_version=int(core_result.draft_version),
             head_version=int(core_result.head_version),
-            logprobs=TokenLogprobs._from_core(core_result.since(0)) if with_logprobs else None,
+            logprobs=TokenLogprobs._from_core(core_result.since(0)) if config.logprobs is not None else None,
             step_ms=np.asarray(core_result.step_ms, dtype=np.float32),
             step_sizes=np.asarray(core_result.step_sizes, dtype=np.int32),
         )
@@ -471,51 +506,91 @@ class Engine:
 _DONE = object()
 
 
+class _StreamChannel:
+    """What a stream's worker thread shares with the TextStream (never the stream itself, so that
+    a stream dropped unread can be garbage-collected, which cancels its generation)."""
+
+    def __init__(self, max_pending: int) -> None:
+        self.queue: "queue.Queue[object]" = queue.Queue(maxsize=max_pending)
+        self.cancel = threading.Event()
+        self.result: GenerationResult | None = None
+        self.error: BaseException | None = None
+
+    def on_chunk(self, chunk: StreamChunk) -> bool:
+        """The generation's chunk callback: waits while the consumer is max_pending chunks behind;
+        returns False (cancel) once the stream is closed."""
+        while not self.cancel.is_set():
+            try:
+                self.queue.put(chunk, timeout=0.05)
+                break
+            except queue.Full:
+                continue
+        return not self.cancel.is_set()
+
+
 class TextStream:
     """Iterator over the text pieces of one generation running in a worker thread.
 
     Iterating yields str pieces; chunks() yields StreamChunk objects (text, the tokens since the
     previous chunk and, with logprobs=k, their log-probabilities) instead. Use one or the other.
+
+    Chunks pass through a bounded queue: a consumer that falls behind holds the generation back
+    (it runs at most MAX_PENDING chunks ahead) rather than letting it run unseen to its end, so
+    that leaving the loop or close() stops it within a few tokens. A stream dropped without being
+    read or closed cancels its generation when it is garbage-collected.
     """
 
-    def __init__(self, engine: Engine, tokens: list[int], config: GenerationConfig) -> None:
-        self.result: GenerationResult | None = None
-        self._queue: "queue.Queue[object]" = queue.Queue()
-        self._cancel = threading.Event()
-        self._error: BaseException | None = None
+    MAX_PENDING = 16
 
-        def on_chunk(chunk: StreamChunk) -> bool:
-            self._queue.put(chunk)
-            return not self._cancel.is_set()
+    def __init__(self, engine: Engine, tokens: list[int], config: GenerationConfig) -> None:
+        channel = _StreamChannel(self.MAX_PENDING)
+        self._channel = channel
 
         def work() -> None:
             try:
-                self.result = engine._run(tokens, config, on_chunk)
+                channel.result = engine._run(tokens, config, channel.on_chunk)
             except BaseException as exc:  # handed to the consumer thread
-                self._error = exc
+                channel.error = exc
             finally:
-                self._queue.put(_DONE)
+                try:
+                    channel.queue.put_nowait(_DONE)
+                except queue.Full:  # the consumer sees the worker gone once it has drained the queue
+                    pass
 
         self._thread = threading.Thread(target=work, name="pyspec-stream", daemon=True)
         self._thread.start()
+
+    @property
+    def result(self) -> GenerationResult | None:
+        """The GenerationResult once the generation has ended (None before, or after an error)."""
+        return self._channel.result
 
     def __iter__(self) -> Iterator[str]:
         for chunk in self.chunks():
             yield chunk.text
 
     def chunks(self) -> Iterator[StreamChunk]:
+        channel = self._channel
         try:
             while True:
-                item = self._queue.get()
+                try:
+                    item = channel.queue.get(timeout=0.05)
+                except queue.Empty:
+                    if not self._thread.is_alive() and channel.queue.empty():
+                        break
+                    continue
                 if item is _DONE:
                     break
                 yield item  # type: ignore[misc]
         finally:
             self.close()
-        if self._error is not None:
-            raise self._error
+        if channel.error is not None:
+            raise channel.error
 
     def close(self) -> None:
         """Cancels the generation if it is still running and waits for the worker."""
-        self._cancel.set()
+        self._channel.cancel.set()
         self._thread.join()
+
+    def __del__(self) -> None:
+        self._channel.cancel.set()  # no join here: __del__ may run on any thread

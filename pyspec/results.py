@@ -155,7 +155,9 @@ class GenerationResult:
     text: str
     tokens: list[int]
     prompt_tokens: list[int]
-    finish_reason: str  # "stop" (EOG or stop string) | "length" | "cancelled"
+    # "stop" (EOG or stop string) | "length" | "cancelled" | "error" (the partial_result of an
+    # exception that stopped the generation)
+    finish_reason: str
     method: str
     stats: GenerationStats
     trace: Trace = field(repr=False)

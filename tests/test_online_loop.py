@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+import torch
 
 import pyspec  # noqa: E402
 from pyspec._models.tiny import build_tiny_model  # noqa: E402

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
+import torch
 
 import pyspec  # noqa: E402
 from pyspec._models.tiny import build_tiny_model  # noqa: E402

@@ -42,16 +42,37 @@ def test_stop_string_cuts_text_and_stream(engines) -> None:
 
 
 def test_cancel_from_stream_leaves_engine_usable(engines) -> None:
+    """Leaving the loop after the first piece cancels the generation. Deterministic: the worker
+    runs at most MAX_PENDING + 1 pieces of at most 4 tokens each ahead of the consumer, far fewer
+    than max_tokens, so it cannot finish before the cancellation reaches it."""
     engine = engines["perturbed"]
-    reference = engine.generate("The quick", max_tokens=50)
-    stream = engine.stream("The quick", max_tokens=50)
+    max_tokens = 200
+    assert 4 * (pyspec.TextStream.MAX_PENDING + 2) < max_tokens
+    reference = engine.generate("The quick", max_tokens=max_tokens)
+    assert len(reference.tokens) == max_tokens  # no end of generation before max_tokens
+    stream = engine.stream("The quick", max_tokens=max_tokens)
     for _piece in stream:
         break  # leaving the loop cancels the generation
     assert stream.result is not None
     assert stream.result.finish_reason == "cancelled"
-    assert len(stream.result.tokens) < 50
-    again = engine.generate("The quick", max_tokens=50)
+    assert len(stream.result.tokens) < max_tokens
+    assert stream.result.tokens == reference.tokens[: len(stream.result.tokens)]
+    again = engine.generate("The quick", max_tokens=max_tokens)
     assert again.tokens == reference.tokens
+
+
+def test_stream_dropped_unread_is_cancelled(engines) -> None:
+    """A stream nobody reads or closes does not keep generating (and holding the engine) to the end."""
+    import gc
+
+    engine = engines["perturbed"]
+    stream = engine.stream("The quick", max_tokens=800)
+    worker = stream._thread
+    del stream
+    gc.collect()
+    worker.join(timeout=30)
+    assert not worker.is_alive()
+    assert len(engine.generate("The quick", max_tokens=5).tokens) == 5
 
 
 def test_callback_exception_propagates_and_engine_survives(engines) -> None:
@@ -66,14 +87,37 @@ def test_callback_exception_propagates_and_engine_survives(engines) -> None:
     assert len(engine.generate("hello", max_tokens=10).tokens) == 10
 
 
+def per_byte_replace(error: UnicodeDecodeError) -> tuple[str, int]:
+    """The engine's policy for invalid UTF-8: one U+FFFD per byte that starts no valid character."""
+    return "\ufffd" * (error.end - error.start), error.end
+
+
 def test_streamed_pieces_are_valid_text_for_random_bytes(engines) -> None:
-    """Random models emit arbitrary bytes; the stream never splits a UTF-8 character."""
+    """Random models emit arbitrary bytes, a multi-byte character often split over two tokens.
+    The stream holds back an incomplete character until its last byte arrives, so the joined
+    pieces equal the whole output decoded at once: a piece boundary inside a character would show
+    up as replacement characters where the whole decoding has the character."""
+    import codecs
+
+    codecs.register_error("pyspec_per_byte", per_byte_replace)
     engine = engines["independent"]
-    stream = engine.stream("\u00e9\u4e2d", max_tokens=120, temperature=1.0, seed=11)
+    stream = engine.stream("\u00e9\u4e2d", max_tokens=120, temperature=1.0, seed=12)
     pieces = list(stream)
-    for p in pieces:
-        p.encode("utf-8")  # str pieces are valid by construction; no lone surrogates
-    assert "".join(pieces) == stream.result.text
+    raw = b"".join(engine._core.token_to_piece(t) for t in stream.result.tokens)
+    whole = raw.decode("utf-8", errors="pyspec_per_byte")
+    assert "".join(pieces) == whole == stream.result.text
+    # The output must contain a character whose bytes came from two tokens, or this proves nothing.
+    boundaries, offset = set(), 0
+    for t in stream.result.tokens:
+        offset += len(engine._core.token_to_piece(t))
+        boundaries.add(offset)
+    n_split, offset = 0, 0
+    for c in whole:
+        n_bytes = 1 if c == "\ufffd" else len(c.encode("utf-8"))
+        n_split += any(offset < b < offset + n_bytes for b in boundaries)
+        offset += n_bytes
+    assert offset == len(raw)
+    assert n_split > 0
 
 
 def test_chat_template_and_tokenizer(engines) -> None:

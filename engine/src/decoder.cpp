@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 
 #include "spec/drafter_registry.h"
 #include "spec/error.h"
@@ -63,6 +64,7 @@ void prefill(Request& req, const std::vector<int32_t>& prompt) {
 // into leaf sequences that first receive the committed tokens (spec/tree.h).
 void decode_draft(Request& req, std::vector<BatchToken>& batch) {
     const Draft& draft = req.draft;
+    check_draft(draft, req.target.n_vocab());  // verification reads [n, n_vocab] rows of it
     const int32_t n = int32_t(draft.tokens.size());
     req.parents = draft.parents.empty() ? chain_parents(n) : draft.parents;
     req.layout = layout_tree(req.parents);
@@ -184,21 +186,50 @@ void record_trace(Request& req, const TreeVerdict& verdict, int32_t position) {
     req.result.trace.push_back(std::move(step));
 }
 
+// Sequences the contexts get for tree drafts: kMaxTreeSeqs, or fewer when the batch is smaller,
+// since llama.cpp keeps an output row per sequence within n_batch (itself capped by n_ctx).
+int32_t tree_sequences(const ModelParams& model) {
+    int32_t n = std::min(kMaxTreeSeqs, model.n_batch);
+    if (model.n_ctx > 0) n = std::min(n, model.n_ctx);
+    return std::max(n, 1);
+}
+
+// The default calibration sizes that one decode of this model can take.
+std::vector<int32_t> calibration_sizes(const Model& model) {
+    std::vector<int32_t> sizes;
+    for (int32_t k : default_calibration_sizes()) {
+        if (k <= model.params().n_batch && k + 2 <= model.n_ctx()) sizes.push_back(k);
+    }
+    return sizes;
+}
+
 }  // namespace
 
 Engine::Engine(const std::string& target_path, const std::string& draft_path, const EngineParams& params)
     : params_(params), draft_params_(params.model), rng_(params.seed) {
-    draft_params_.n_seq_max = std::max(draft_params_.n_seq_max, kMaxTreeSeqs);
-    target_ = std::make_unique<Model>(target_path, draft_params_);
+    draft_params_.n_seq_max = std::max(draft_params_.n_seq_max, tree_sequences(params.model));
+    target_ = std::make_shared<Model>(target_path, draft_params_);
     if (!draft_path.empty()) swap_draft(load_draft(draft_path), "");
     PhrasePoolParams pool_params = params.pool;
     pool_params.n_vocab = target_->n_vocab();
-    pool_ = std::make_unique<PhrasePool>(pool_params);
+    pool_ = std::make_shared<PhrasePool>(pool_params);
 }
 
-PhrasePool& Engine::pool() {
-    check_open();
-    return *pool_;
+std::shared_ptr<PhrasePool> Engine::pool() {
+    std::lock_guard<std::mutex> lock(drafts_mutex_);
+    if (!pool_) throw ClosedError("engine is closed");
+    return pool_;
+}
+
+std::shared_ptr<const Model> Engine::shared_target() const {
+    std::lock_guard<std::mutex> lock(drafts_mutex_);
+    if (!target_) throw ClosedError("engine is closed");
+    return target_;
+}
+
+bool Engine::closed() const {
+    std::lock_guard<std::mutex> lock(drafts_mutex_);
+    return target_ == nullptr;
 }
 
 Engine::~Engine() = default;
@@ -387,7 +418,7 @@ std::vector<float> Engine::evaluate_rows(Model& model, const std::vector<int32_t
 CostCurve Engine::measure_target_cost(const std::vector<int32_t>& sizes, int32_t repeats,
                                       const CalibrationProgress& progress) {
     Model& model = target();
-    const CostCurve curve = measure_cost_curve(model, sizes.empty() ? default_calibration_sizes() : sizes, repeats, true, progress);
+    const CostCurve curve = measure_cost_curve(model, sizes.empty() ? calibration_sizes(model) : sizes, repeats, true, progress);
     target_costs_.set_prior(curve);
     return curve;
 }
@@ -396,7 +427,7 @@ CostCurve Engine::measure_draft_cost(const std::string& name, const std::vector<
                                      const CalibrationProgress& progress) {
     Model& model = draft(name);
     const CostCurve curve =
-        measure_cost_curve(model, sizes.empty() ? default_calibration_sizes() : sizes, repeats, false, progress);
+        measure_cost_curve(model, sizes.empty() ? calibration_sizes(model) : sizes, repeats, false, progress);
     set_draft_cost(curve, name);
     return curve;
 }
@@ -428,13 +459,19 @@ CostCurve Engine::draft_cost(const std::string& name) const {
 }
 
 void Engine::close() {
-    pool_.reset();
+    // Taken out under the lock, freed after it: a caller still holding the pool or the target
+    // (a save on another thread) frees it when done.
+    std::shared_ptr<PhrasePool> pool;
+    std::shared_ptr<Model> target;
+    std::vector<std::unique_ptr<Model>> drafts;
+    std::unique_ptr<DraftHead> head;
     {
         std::lock_guard<std::mutex> lock(drafts_mutex_);
-        for (auto& [name, slot] : drafts_) slot.model.reset();  // versions stay readable
-        head_.reset();
+        pool = std::move(pool_);
+        target = std::move(target_);
+        for (auto& [name, slot] : drafts_) drafts.push_back(std::move(slot.model));  // versions stay readable
+        head = std::move(head_);
     }
-    target_.reset();
 }
 
 std::unique_ptr<Drafter> Engine::make_drafter(const GenerateParams& params) {
@@ -500,6 +537,7 @@ void Engine::validate(const std::vector<int32_t>& prompt, const GenerateParams& 
     MethodLimits limits;
     limits.n_ctx = n_ctx;
     limits.n_batch = target_->params().n_batch;
+    limits.n_seq_max = draft_params_.n_seq_max;
     limits.n_draft_max = std::min({kMaxDraftTokens, limits.n_batch - 1, n_ctx - 1});
     find_drafter_method(params.method).validate(params, limits);
     if (params.acceptance != "exact" && params.acceptance != "typical") {
@@ -510,8 +548,40 @@ void Engine::validate(const std::vector<int32_t>& prompt, const GenerateParams& 
     }
 }
 
+namespace {
+
+// Hands the output so far to *partial when an exception leaves generate() (finish_reason "error").
+class PartialOnError {
+public:
+    PartialOnError(Request& req, GenerateResult* partial, Clock::time_point t_start)
+        : req_(req), partial_(partial), t_start_(t_start), n_exceptions_(std::uncaught_exceptions()) {}
+    PartialOnError(const PartialOnError&) = delete;
+    PartialOnError& operator=(const PartialOnError&) = delete;
+
+    ~PartialOnError() {
+        if (!partial_ || std::uncaught_exceptions() == n_exceptions_) return;
+        try {
+            GenerateResult& res = req_.result;
+            res.finish_reason = "error";
+            res.text = utf8_sanitize(req_.text.text());
+            res.stats.n_generated = int32_t(res.tokens.size());
+            res.stats.t_total_ms = ms_since(t_start_);
+            *partial_ = std::move(res);
+        } catch (...) {  // out of memory while unwinding: the original exception matters more
+        }
+    }
+
+private:
+    Request& req_;
+    GenerateResult* partial_;
+    Clock::time_point t_start_;
+    int n_exceptions_;
+};
+
+}  // namespace
+
 GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const GenerateParams& params,
-                                const TextCallback& on_text) {
+                                const TextCallback& on_text, GenerateResult* partial) {
     check_open();
     validate(prompt, params);
     const std::unique_ptr<Drafter> drafter_owner = make_drafter(params);
@@ -520,6 +590,7 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
 
     const auto t_start = Clock::now();
     Request req(params, *target_, drafter, rng_);
+    const PartialOnError keep_partial(req, partial, t_start);
     const DrafterMethod& method = find_drafter_method(params.method);
     if (method_uses_draft_model(method, params, has_draft(params.draft))) {
         req.result.draft_version = draft_version(params.draft);

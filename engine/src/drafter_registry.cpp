@@ -86,6 +86,14 @@ void check_auto(const GenerateParams& params, const MethodLimits&) {
 void check_tree(const GenerateParams& params, const MethodLimits& limits) {
     validate(params.tree);
     check_tree_fits(tree_shape(params), limits);
+    // Every draft node the tree drafter decodes takes a KV sequence of the draft model.
+    const int64_t n_decoded = int64_t(params.tree.depth - 1) * params.tree.n_expand;
+    if (n_decoded > limits.n_seq_max - 1) {
+        throw InvalidArgumentError("a draft tree decodes up to (tree depth - 1) * n_expand = " + std::to_string(n_decoded) +
+                                   " draft nodes, one KV sequence each; this engine has " +
+                                   std::to_string(limits.n_seq_max - 1) + " (n_batch=" + std::to_string(limits.n_batch) +
+                                   "; an engine gets 64 sequences when n_batch and n_ctx are >= 64)");
+    }
 }
 
 void check_beam(const GenerateParams& params, const MethodLimits& limits) {

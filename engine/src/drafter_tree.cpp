@@ -66,6 +66,9 @@ public:
         return seqs;
     }
 
+    // KV cells not yet in use: each decoded node takes one (sequences share their ancestors' cells).
+    int32_t free_cells() const { return model_.n_ctx() - n_past_; }
+
     // Keeps the first n_path tokens of node sequence `seq` (its path below the root) as committed
     // tokens of sequence 0, and drops every node sequence.
     void keep_path(int32_t seq, int32_t n_path) {
@@ -156,6 +159,9 @@ public:
         cands_.clear();
         if (n_nodes_max > 0 && depth_max > 0) {
             push_children(root_logits, n_vocab, -1, 0, 1.0, *request.sampling);
+            // Near the end of the window the draft's cache has fewer free cells than a full tree
+            // would decode: expand fewer candidates rather than overflow it.
+            int32_t free_cells = kv_.free_cells();
             size_t layer_begin = 0;
             std::vector<int32_t> layer;
             std::vector<DraftTreeKv::NewNode> batch;
@@ -169,7 +175,9 @@ public:
                 if (layer.empty()) break;
                 std::stable_sort(layer.begin(), layer.end(),
                                  [this](int32_t x, int32_t y) { return cands_[size_t(x)].score > cands_[size_t(y)].score; });
-                layer.resize(std::min(layer.size(), size_t(params_.n_expand)));
+                layer.resize(std::min({layer.size(), size_t(params_.n_expand), size_t(std::max(free_cells, 0))}));
+                if (layer.empty()) break;
+                free_cells -= int32_t(layer.size());
                 batch.clear();
                 for (int32_t c : layer) {
                     const Candidate& cand = cands_[size_t(c)];
@@ -242,15 +250,18 @@ public:
         const int32_t n_vocab = model_.n_vocab();
         const float* root_logits = kv_.feed(*request.tokens, stats_);
         node_seq_.clear();
-        // K beams of L tokens within the node budget and the depth the decoder allows.
+        last_tokens_.clear();
+        last_parents_.clear();
+        // K beams of L tokens within the node budget and the depth the decoder allows, and no
+        // more beams than the sampling support has tokens (top_k, top_p, min_p; the vocabulary).
         int32_t n_beams = std::min(params_.n_beams, request.n_nodes_max);
+        if (n_beams > 0) {
+            top_tokens(root_logits, n_vocab, n_beams, *request.sampling);
+            n_beams = std::min(n_beams, int32_t(top_ids_.size()));
+        }
         int32_t length = std::min(params_.length, request.n_draft_max);
         if (n_beams > 0 && length > 0) length = std::min(length, request.n_nodes_max / n_beams);
-        if (n_beams <= 0 || length <= 0) {
-            last_tokens_.clear();
-            last_parents_.clear();
-            return;
-        }
+        if (n_beams <= 0 || length <= 0) return;
         const size_t K = size_t(n_beams), L = size_t(length);
 
         // Beam search. A search node is (token, parent search node); beam b is the path of search
@@ -258,8 +269,6 @@ public:
         std::vector<int32_t> beam_tokens(K * L), beam_nodes(K * L);
         search_seq_.clear();
         std::vector<double> beam_score(K);  // summed draft log-probabilities
-        top_tokens(root_logits, n_vocab, n_beams, *request.sampling);
-        if (top_ids_.size() < K) return;  // vocabulary smaller than K
         for (size_t b = 0; b < K; ++b) {
             beam_nodes[b * L] = new_search_node();
             beam_tokens[b * L] = top_ids_[b];

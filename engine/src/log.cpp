@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "llama.h"
+#include "spec/text_stream.h"
 
 namespace spec {
 namespace {
@@ -11,26 +12,30 @@ namespace {
 constexpr size_t kMaxLines = 2000;     // drainable buffer bound: oldest lines are dropped
 constexpr size_t kMaxRecentErrors = 8;
 
-std::mutex g_mutex;
+std::mutex g_mutex;  // guards g_lines
 std::deque<LogLine> g_lines;
-std::deque<std::string> g_recent_errors;
-std::string g_partial;      // llama.cpp emits lines in pieces; join until '\n'
-int g_partial_level = 2;
+// llama.cpp logs on the thread that does the work (a model load, a decode), so the pieces of a
+// line and the reasons for a failure are kept per thread: a load on one thread never takes or
+// clears another thread's reasons.
+thread_local std::deque<std::string> t_recent_errors;
+thread_local std::string t_partial;  // llama.cpp emits lines in pieces; join until '\n'
+thread_local int t_partial_level = 2;
 
 void on_log(ggml_log_level level, const char* text, void* /*user_data*/) {
-    std::lock_guard<std::mutex> lock(g_mutex);
-    if (level != GGML_LOG_LEVEL_CONT && g_partial.empty()) g_partial_level = int(level);
-    g_partial += text ? text : "";
+    if (level != GGML_LOG_LEVEL_CONT && t_partial.empty()) t_partial_level = int(level);
+    t_partial += text ? text : "";
     size_t nl;
-    while ((nl = g_partial.find('\n')) != std::string::npos) {
-        std::string line = g_partial.substr(0, nl);
-        g_partial.erase(0, nl + 1);
+    while ((nl = t_partial.find('\n')) != std::string::npos) {
+        // Lines may quote bytes of a corrupt file (a key name): keep them valid UTF-8 text.
+        std::string line = utf8_sanitize(t_partial.substr(0, nl));
+        t_partial.erase(0, nl + 1);
         if (line.empty()) continue;
-        if (g_partial_level >= GGML_LOG_LEVEL_WARN) {
-            g_recent_errors.push_back(line);
-            if (g_recent_errors.size() > kMaxRecentErrors) g_recent_errors.pop_front();
+        if (t_partial_level >= GGML_LOG_LEVEL_WARN) {
+            t_recent_errors.push_back(line);
+            if (t_recent_errors.size() > kMaxRecentErrors) t_recent_errors.pop_front();
         }
-        g_lines.push_back({g_partial_level, std::move(line)});
+        std::lock_guard<std::mutex> lock(g_mutex);
+        g_lines.push_back({t_partial_level, std::move(line)});
         if (g_lines.size() > kMaxLines) g_lines.pop_front();
     }
 }
@@ -40,9 +45,15 @@ void on_log(ggml_log_level level, const char* text, void* /*user_data*/) {
 void log_capture_install() {
     static std::once_flag once;
     std::call_once(once, [] { llama_backend_init(); });
-    // Set on every model load, not once: another user of libllama in the process (importing
-    // llama_cpp does this) may have installed its own callback since.
-    llama_log_set(on_log, nullptr);
+    // Checked on every model load, not once: another user of libllama in the process (importing
+    // llama_cpp does this) may have installed its own callback since. Set only when it differs:
+    // llama.cpp reads the callback without a lock while other threads decode.
+    static std::mutex install_mutex;
+    std::lock_guard<std::mutex> lock(install_mutex);
+    ggml_log_callback current = nullptr;
+    void* user_data = nullptr;
+    llama_log_get(&current, &user_data);
+    if (current != on_log) llama_log_set(on_log, nullptr);
 }
 
 std::vector<LogLine> log_drain() {
@@ -53,13 +64,12 @@ std::vector<LogLine> log_drain() {
 }
 
 std::string log_take_recent_errors() {
-    std::lock_guard<std::mutex> lock(g_mutex);
     std::string out;
-    for (const auto& line : g_recent_errors) {
+    for (const auto& line : t_recent_errors) {
         if (!out.empty()) out += "\n";
         out += line;
     }
-    g_recent_errors.clear();
+    t_recent_errors.clear();
     return out;
 }
 

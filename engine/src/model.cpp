@@ -46,6 +46,20 @@ Model::Model(const std::string& path, const ModelParams& params) : path_(path), 
     mparams.use_extra_bufts = params.use_extra_bufts;
     model_ = llama_model_load_from_file(path.c_str(), mparams);
     if (!model_) throw ModelLoadError(with_reason("llama.cpp could not load model: " + path));
+    // llama.cpp caps a causal model's batch at the context and reserves one output row per
+    // sequence; more sequences than batch rows make it abort the process, not return an error.
+    const int64_t n_ctx_asked = params.n_ctx > 0 ? params.n_ctx : llama_model_n_ctx_train(model_);
+    const int64_t n_batch_rows = std::min<int64_t>(params.n_batch, n_ctx_asked);
+    const int64_t n_seq_limit = std::min<int64_t>(n_batch_rows, int64_t(llama_max_parallel_sequences()));
+    if (params.n_seq_max > n_seq_limit) {
+        llama_model_free(model_);
+        model_ = nullptr;
+        throw InvalidArgumentError("n_seq_max=" + std::to_string(params.n_seq_max) + " exceeds the " +
+                                   std::to_string(n_seq_limit) + " sequences this context can hold (one output row " +
+                                   "each: n_batch=" + std::to_string(params.n_batch) + ", n_ctx=" +
+                                   std::to_string(n_ctx_asked) + ", at most " +
+                                   std::to_string(llama_max_parallel_sequences()) + ")");
+    }
 
     const int32_t n_threads = params.n_threads > 0
         ? params.n_threads
@@ -70,6 +84,7 @@ Model::Model(const std::string& path, const ModelParams& params) : path_(path), 
     vocab_ = llama_model_get_vocab(model_);
     n_vocab_ = llama_vocab_n_tokens(vocab_);
     kv_tokens_.assign(size_t(params.n_seq_max), {});
+    params_.n_batch = int32_t(llama_n_batch(ctx_));  // the batch llama.cpp accepts (capped by n_ctx)
 }
 
 Model::~Model() {
@@ -108,7 +123,15 @@ std::vector<int32_t> Model::tokenize(const std::string& text, bool add_special, 
     return tokens;
 }
 
+void Model::check_token(int32_t token) const {
+    if (token < 0 || token >= n_vocab_) {
+        throw InvalidArgumentError("token " + std::to_string(token) + " outside the vocabulary [0, " +
+                                   std::to_string(n_vocab_) + ")");
+    }
+}
+
 std::string Model::token_to_piece(int32_t token, bool special) const {
+    check_token(token);
     char buf[128];
     int32_t n = llama_token_to_piece(vocab_, token, buf, sizeof(buf), 0, special);
     if (n >= 0) return std::string(buf, size_t(n));
@@ -124,9 +147,13 @@ std::string Model::detokenize(const std::vector<int32_t>& tokens, bool special) 
     return out;
 }
 
-bool Model::is_eog(int32_t token) const { return llama_vocab_is_eog(vocab_, token); }
+bool Model::is_eog(int32_t token) const {
+    check_token(token);
+    return llama_vocab_is_eog(vocab_, token);
+}
 
 std::string Model::token_text(int32_t token) const {
+    check_token(token);
     const char* text = llama_vocab_get_text(vocab_, token);
     return text ? text : "";
 }
@@ -187,7 +214,9 @@ void Model::decode(const std::vector<BatchToken>& batch) {
     }
     b.n_tokens = n;
     const int32_t rc = llama_decode(ctx_, b);
-    n_outputs_ = int32_t(output_index_.size());
+    // Rows exist only after a successful decode; a failed one leaves none to read.
+    n_outputs_ = rc == 0 ? int32_t(output_index_.size()) : 0;
+    if (rc != 0) output_index_.clear();
     last_decode_hidden_ = hidden_output_ && rc == 0;
     if (rc == 0) {
         for (const BatchToken& t : batch) {
@@ -247,7 +276,9 @@ const float* Model::logits(int32_t i) const {
         throw InvalidArgumentError("logits row " + std::to_string(i) + " out of range [0, " +
                                    std::to_string(n_outputs_) + ")");
     }
-    return llama_get_logits_ith(ctx_, output_index_[size_t(i)]);
+    const float* row = llama_get_logits_ith(ctx_, output_index_[size_t(i)]);
+    if (!row) throw DecodeError(with_reason("llama.cpp has no logits for output row " + std::to_string(i)));
+    return row;
 }
 
 void Model::set_hidden_output(bool on) {

@@ -207,9 +207,9 @@ struct Store {
     size_t find_key(const int32_t* key, int32_t key_len, uint64_t hash) const;
     // Appends up to max_results phrases of key cell `cell` at level key_len to out, best first.
     int32_t collect(size_t cell, int32_t key_len, int32_t max_results, std::vector<std::vector<int32_t>>& out) const;
-    // Fills an empty store with records[first..] (eviction order, least recent first) and the
-    // saved stamp counters; throws PoolFileError on a duplicate phrase.
-    void restore(const std::vector<PhraseRecord>& records, size_t first, int64_t touch_high, int64_t touch_low,
+    // Fills an empty store with records (eviction order, least recent first; records[0] is phrase
+    // first_index of the file) and the saved stamp counters; throws PoolFileError on a duplicate.
+    void restore(const std::vector<PhraseRecord>& records, size_t first_index, int64_t touch_high, int64_t touch_low,
                  const std::string& path);
     // records in eviction order, least recent first.
     std::vector<PhraseRecord> snapshot() const;

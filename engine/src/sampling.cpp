@@ -231,8 +231,8 @@ double keep_nucleus(std::vector<float>& weights, std::vector<int32_t>& candidate
 
 void validate(const SamplingParams& params) {
     // Written so that NaN fails every check.
-    if (!(params.temperature >= 0.0f)) {
-        throw InvalidArgumentError("temperature must be >= 0, got " +
+    if (!(params.temperature >= 0.0f) || std::isinf(params.temperature)) {
+        throw InvalidArgumentError("temperature must be finite and >= 0, got " +
                                    format_value(params.temperature));
     }
     if (params.top_k < 0) {

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <string>
 
+#include "spec/drafter.h"
 #include "spec/error.h"
 #include "spec/sampling.h"
 #include "spec/tree.h"
@@ -115,19 +116,27 @@ TreeVerdict verify_tree_rejection(const std::vector<int32_t>& tokens, const std:
             const int32_t x = tokens[size_t(c)];
             const float* q = draft_probs + size_t(c) * row_size;
             const float q_x = q[x];
-            // Accept with probability min(1, p/q), as u * q < p to avoid the division. A token q
-            // never proposes (q == 0) cannot really have been drawn; accept it iff p allows it.
+            // A candidate its own row gives no probability (q(x) = 0, or NaN) was not drawn from
+            // that row, so the row says nothing about how it was chosen. Verify it as a
+            // deterministic candidate (one-hot q): accepted with probability p(x), and on
+            // rejection x leaves the residual. That is exact however x was chosen.
+            const bool one_hot = !(q_x > 0.0f);
+            // Accept with probability min(1, p/q), as u * q < p to avoid the division.
             const double u = rng.uniform();
-            const bool accept = q_x > 0.0f ? u * q_x < p[x] : p[x] > 0.0f;
+            const bool accept = one_hot ? u < p[x] : u * q_x < p[x];
             if (accept) {
                 next = c;
                 break;
             }
-            // p <- norm(max(0, p - q)).
+            // p <- norm(max(0, p - q)), q one-hot at x for a deterministic candidate.
             double mass = 0.0;
-            for (size_t j = 0; j < row_size; ++j) mass += std::max(0.0f, p[j] - q[j]);
-            // A rejection that leaves nothing (only through rounding, or a q == 0 candidate):
-            // p itself is then the right distribution; keep it.
+            if (one_hot) {
+                for (size_t j = 0; j < row_size; ++j) mass += j == size_t(x) ? 0.0f : p[j];
+            } else {
+                for (size_t j = 0; j < row_size; ++j) mass += std::max(0.0f, p[j] - q[j]);
+            }
+            // A rejection that leaves nothing (only through rounding): p itself is then the
+            // right distribution; keep it.
             if (mass <= 0.0) continue;
             if (!residual_in_use) {
                 residual.assign(p, p + row_size);
@@ -135,7 +144,12 @@ TreeVerdict verify_tree_rejection(const std::vector<int32_t>& tokens, const std:
                 residual_in_use = true;
             }
             const float inv = float(1.0 / mass);
-            for (size_t j = 0; j < row_size; ++j) residual[j] = std::max(0.0f, residual[j] - q[j]) * inv;
+            if (one_hot) {
+                residual[size_t(x)] = 0.0f;
+                for (size_t j = 0; j < row_size; ++j) residual[j] *= inv;
+            } else {
+                for (size_t j = 0; j < row_size; ++j) residual[j] = std::max(0.0f, residual[j] - q[j]) * inv;
+            }
         }
         if (next < 0) {
             verdict.is_bonus = children[row].empty();
@@ -206,6 +220,23 @@ ChainVerdict verify_chain_rejection(const std::vector<int32_t>& draft_tokens,
     }
     return to_chain(verify_tree_rejection(draft_tokens, chain_parents(int32_t(draft_tokens.size())),
                                           target_probs, draft_probs, n_vocab, rng, residual));
+}
+
+void check_draft(const Draft& draft, int32_t n_vocab) {
+    const size_t n = draft.tokens.size();
+    const auto fail = [&](const std::string& what) {
+        throw InvalidArgumentError("malformed draft of " + std::to_string(n) + " tokens: " + what);
+    };
+    if (!draft.parents.empty() && draft.parents.size() != n) {
+        fail(std::to_string(draft.parents.size()) + " parents");
+    }
+    if (!draft.kinds.empty() && draft.kinds.size() != n) fail(std::to_string(draft.kinds.size()) + " node kinds");
+    if (n_vocab <= 0) fail("n_vocab must be > 0, got " + std::to_string(n_vocab));
+    if (!draft.probs.empty() && draft.probs.size() != n * size_t(n_vocab)) {
+        fail(std::to_string(draft.probs.size()) + " probability values, expected " + std::to_string(n) + " rows of " +
+             std::to_string(n_vocab));
+    }
+    for (size_t i = 0; i < n; ++i) check_token(draft.tokens[i], n_vocab, i);
 }
 
 }  // namespace spec

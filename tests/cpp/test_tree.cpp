@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "check.h"
+#include "spec/drafter.h"
 #include "spec/tree.h"
 #include "spec/verify.h"
 
@@ -145,6 +146,36 @@ void test_verify_tree_deterministic_rejection_extremes() {
     }
 }
 
+// The decoder checks every draft before verification reads it: the arrays must agree in length
+// (a drafter that fills probability rows for fewer tokens than it proposes would make verification
+// read past the buffer).
+void test_check_draft() {
+    const int32_t V = 4;
+    Draft good;
+    good.tokens = {1, 2, 3};
+    check_draft(good, V);  // a chain without probability rows: deterministic
+    good.parents = {-1, 0, 0};
+    good.kinds = {0, 0, 0};
+    good.probs.assign(3 * V, 0.25f);
+    check_draft(good, V);
+    Draft short_probs = good;
+    short_probs.probs.resize(2 * V);
+    CHECK(throws_invalid([&] { check_draft(short_probs, V); }, "8 probability values, expected 3 rows of 4"));
+    Draft long_probs = good;
+    long_probs.probs.resize(3 * V + 1);
+    CHECK(throws_invalid([&] { check_draft(long_probs, V); }, "13 probability values"));
+    Draft parents = good;
+    parents.parents.pop_back();
+    CHECK(throws_invalid([&] { check_draft(parents, V); }, "2 parents"));
+    Draft kinds = good;
+    kinds.kinds.push_back(0);
+    CHECK(throws_invalid([&] { check_draft(kinds, V); }, "4 node kinds"));
+    Draft token = good;
+    token.tokens[1] = V;
+    CHECK(throws_invalid([&] { check_draft(token, V); }, "draft token 1 is 4, outside the vocabulary [0, 4)"));
+    CHECK(throws_invalid([&] { check_draft(good, 0); }, "n_vocab must be > 0"));
+}
+
 int main() {
     test_chain_layout();
     test_tree_layout();
@@ -154,6 +185,7 @@ int main() {
     test_prefix_match_extremes();
     test_verify_tree_greedy();
     test_verify_tree_deterministic_rejection_extremes();
+    test_check_draft();
     std::printf("test_tree: %d checks, %d failures\n", g_checks, g_failures);
     return g_failures == 0 ? 0 : 1;
 }

@@ -132,15 +132,23 @@ struct EngineParams {
     uint64_t seed = 0;
 };
 
+// Threads: one generation at a time. generate, evaluate, the measure_* calls, swap_draft,
+// remove_draft and close must not overlap (the Python Engine serialises them with one lock);
+// the pool, shared_target() and the draft-slot queries may be used from any thread at any
+// time, also while those run and while close() runs.
 class Engine {
 public:
     // draft_path empty: no draft model (only the model-free methods none and lookup). Both contexts
-    // get kMaxTreeSeqs sequences (spec/tree.h) for tree drafts. Throws on
+    // get kMaxTreeSeqs sequences (spec/tree.h) for tree drafts, or as many as the batch has rows
+    // when n_batch (or n_ctx) is smaller: validate() then refuses trees that need more. Throws on
     // load errors and on a target/draft vocabulary mismatch, before any generation.
     Engine(const std::string& target_path, const std::string& draft_path, const EngineParams& params);
     ~Engine();
 
     Model& target();
+    // The target, kept alive for the caller even if close() runs meanwhile (tokenizing on another
+    // thread); throws ClosedError after close().
+    std::shared_ptr<const Model> shared_target() const;
 
     // Draft slots. The engine holds named draft models that all share the target's vocabulary;
     // the constructor's draft sits in slot "" and a request picks a slot with
@@ -188,9 +196,12 @@ public:
 
     // Generates from already tokenized input. Throws InvalidArgumentError / ContextOverflowError
     // for bad input before touching the models; a cancelled generation returns normally with
-    // finish_reason "cancelled" and leaves the engine ready for the next call.
+    // finish_reason "cancelled" and leaves the engine ready for the next call. An exception after
+    // the generation started (llama.cpp failed a decode, on_text threw) propagates, and when
+    // `partial` is not null *partial receives the output produced until then (tokens, text,
+    // stats, trace) with finish_reason "error"; the engine stays usable.
     GenerateResult generate(const std::vector<int32_t>& prompt_tokens, const GenerateParams& params,
-                            const TextCallback& on_text = nullptr);
+                            const TextCallback& on_text = nullptr, GenerateResult* partial = nullptr);
 
     // Evaluates `tokens` from an empty KV cache of the target (or the draft of slot `draft_name`)
     // and returns logits: the rows from `first_row` on ([n_tokens - first_row, n_vocab]) when
@@ -204,8 +215,9 @@ public:
     // ([n_tokens, n_hidden], see Model::hidden): the input of a draft head and its training data.
     std::vector<float> evaluate_hidden(const std::vector<int32_t>& tokens, std::vector<float>& hidden);
 
-    // The phrase pool shared by all requests (thread-safe; save / load / clear / stats).
-    PhrasePool& pool();
+    // The phrase pool shared by all requests (thread-safe; save / load / clear / stats), kept
+    // alive for the caller even if close() runs meanwhile. Throws ClosedError after close().
+    std::shared_ptr<PhrasePool> pool();
 
     // Cost curves of method "auto" (spec/schedule.h): the target's time to verify k tokens (all
     // rows) and a draft's time to decode k tokens (last row). measure_* times them on this
@@ -228,9 +240,10 @@ public:
     const CostModel& target_cost_model() const;
     CostCurve draft_cost(const std::string& name = "") const;  // empty when not measured
 
-    // Frees the models; any later call throws ClosedError.
+    // Frees the models (a pool or target still held by a caller goes when that caller lets go);
+    // any later call throws ClosedError.
     void close();
-    bool closed() const { return target_ == nullptr; }
+    bool closed() const;
 
 private:
     struct DraftSlot {
@@ -250,12 +263,13 @@ private:
 
     EngineParams params_;
     ModelParams draft_params_;  // every draft's ModelParams (n_seq_max raised for trees)
-    std::unique_ptr<Model> target_;
-    // Slot bookkeeping is guarded by drafts_mutex_, so has_draft / draft_version / draft_names
-    // may be read from any thread; the models themselves are only replaced between generations.
+    std::shared_ptr<Model> target_;
+    // Slot bookkeeping and the target_ / pool_ handles are guarded by drafts_mutex_, so
+    // has_draft / draft_version / draft_names / pool() / shared_target() may run on any thread;
+    // the models themselves are only replaced between generations.
     mutable std::mutex drafts_mutex_;
     std::map<std::string, DraftSlot> drafts_;
-    std::unique_ptr<PhrasePool> pool_;
+    std::shared_ptr<PhrasePool> pool_;
     CostModel target_costs_;
     std::unique_ptr<DraftHead> head_;  // guarded like the slots: replaced between generations
     int64_t head_version_ = 0;

@@ -104,7 +104,8 @@ struct TreeParams {
 // n_expand best-scoring candidates are decoded in one batch, each in its own KV sequence that
 // shares its ancestors' cells, and their `branching` likeliest tokens form the next layer); a
 // candidate's score is the product of draft probabilities along its path; the n_nodes
-// best-scoring candidates of all layers are verified. Children are chosen deterministically
+// best-scoring candidates of all layers are verified (near the end of the context window fewer
+// candidates are expanded, so that the draft's cache never overflows). Children are chosen deterministically
 // (top-k), so the draft is deterministic (one-hot q) and exact under sampling too. The accepted
 // path's KV cells are kept for the next step; every other branch is dropped.
 std::unique_ptr<Drafter> make_model_tree_drafter(Model& draft_model, const TreeParams& params);
@@ -118,6 +119,7 @@ struct BeamParams {
 // ReDrafter-style beam search with the draft model: K beams of L tokens scored by summed draft
 // log-probabilities, one draft decode per beam step (all K beams in one batch), then compressed
 // into a tree with prefix_match (spec/tree.h) and verified in one target call. Deterministic.
+// When the sampling support (top_k, top_p, min_p) holds fewer than K tokens, that many beams.
 std::unique_ptr<Drafter> make_model_beam_drafter(Model& draft_model, const BeamParams& params);
 
 // Throw InvalidArgumentError naming the bad field.

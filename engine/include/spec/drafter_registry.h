@@ -32,6 +32,8 @@ struct MethodLimits {
     int32_t n_draft_max = 0;  // longest chain that fits one target batch and the context window
     int32_t n_ctx = 0;        // the target's context window
     int32_t n_batch = 0;      // the target's batch size (root + nodes of one step)
+    int32_t n_seq_max = 0;    // KV sequences of the target and draft contexts: sequence 0 plus
+                              // one per tree leaf (target) or decoded tree node (draft)
 };
 
 // How a method uses the request's draft model slot (GenerateParams::draft).

@@ -21,8 +21,9 @@ void log_capture_install();
 // Returns and clears the buffered lines, oldest first.
 std::vector<LogLine> log_drain();
 
-// The most recent warning/error lines (kept apart from the drainable buffer so that an
-// exception message can quote why llama.cpp refused a file), newline-joined; clears them.
+// The most recent warning/error lines llama.cpp logged on the calling thread (kept apart from
+// the drainable buffer so that an exception message can quote why llama.cpp refused a file),
+// newline-joined; clears them. Other threads' lines are neither returned nor cleared.
 std::string log_take_recent_errors();
 
 }  // namespace spec

@@ -16,13 +16,15 @@ namespace spec {
 
 struct ModelParams {
     int32_t n_ctx = 4096;       // context window in tokens (0: the model's training context)
-    int32_t n_batch = 512;      // largest batch given to one decode (prompt chunks are this size)
-    int32_t n_seq_max = 1;      // sequences in the (unified) KV cache; trees need more than one
+    int32_t n_batch = 512;      // largest batch given to one decode (prompt chunks are this size);
+                                // llama.cpp caps it at n_ctx: Model::params() holds the capped value
+    int32_t n_seq_max = 1;      // sequences in the (unified) KV cache; trees need more than one.
+                                // At most the (capped) n_batch: llama.cpp keeps an output row each
     int32_t n_threads = 0;      // 0: hardware concurrency
     int32_t n_gpu_layers = 0;   // layers offloaded to a GPU backend when llama.cpp has one
     bool use_mmap = true;
     // llama.cpp's extra CPU buffer types (weight repacking, AMX). Faster one-token decoding, but
-    // batched and one-token logits then differ more (DESIGN.md, "Numerics"), and ggml's AMX path
+    // batched and one-token logits then differ more (docs/numerics.md), and ggml's AMX path
     // faults on some virtual machines: the Python layer turns it off where AMX is present.
     bool use_extra_bufts = true;
     // Flash attention changes batched-vs-one-token logits by ~1e-2 on CPU (measured on the tiny
@@ -45,7 +47,8 @@ struct BatchToken {
 class Model {
 public:
     // Loads `path` and creates a context. Throws ModelLoadError (missing file, not GGUF, truncated,
-    // rejected by llama.cpp: the message quotes llama.cpp's reason) or InvalidArgumentError.
+    // rejected by llama.cpp: the message quotes llama.cpp's reason) or InvalidArgumentError (a
+    // negative size, more sequences than the batch has rows).
     Model(const std::string& path, const ModelParams& params);
     ~Model();
     Model(const Model&) = delete;
@@ -70,6 +73,7 @@ public:
     std::vector<int32_t> tokenize(const std::string& text, bool add_special, bool parse_special) const;
     // The bytes of one token (special tokens rendered as text when `special`). May be a partial
     // UTF-8 sequence: callers that stream must hold back incomplete sequences.
+    // Throws InvalidArgumentError for a token outside [0, n_vocab) (also is_eog, token_text).
     std::string token_to_piece(int32_t token, bool special = false) const;
     std::string detokenize(const std::vector<int32_t>& tokens, bool special = false) const;
     bool is_eog(int32_t token) const;
@@ -98,7 +102,8 @@ public:
     int32_t prefill_prompt(const std::vector<int32_t>& prompt);
     int32_t prefill_reused() const { return n_prefill_reused_; }
 
-    // Logits row of the i-th output of the last decode. Valid until the next decode.
+    // Logits row of the i-th output of the last successful decode (a failed decode leaves none).
+    // Valid until the next decode. Throws InvalidArgumentError for i outside [0, n_outputs()).
     // returns: [n_vocab] float32
     const float* logits(int32_t i) const;
     int32_t n_outputs() const { return n_outputs_; }
@@ -134,6 +139,8 @@ public:
     llama_context* raw_context() const { return ctx_; }
 
 private:
+    void check_token(int32_t token) const;
+
     std::string path_;
     ModelParams params_;
     llama_model* model_ = nullptr;

@@ -158,23 +158,28 @@ public:
     // Removes every phrase and resets the statistics: the pool is as newly constructed.
     void clear();
 
-    // Writes every phrase with its statistics, segment and rank to `path` (through `path`.tmp,
-    // renamed into place, so an existing file is replaced whole or not at all). Little-endian:
+    // Writes every phrase with its statistics, segment and rank to `path` (through a new temporary
+    // file next to it, synced and renamed into place, so an existing file is replaced whole or not
+    // at all, also after a crash; the temporary is created exclusively and never follows a symlink).
+    // Little-endian:
     //   header:  magic "SPECPOOL" | u32 version = 1 | i32 n_vocab | u32 n_phrases |
     //            i64 newest rank stamp | i64 lowest demotion stamp
     //   phrase:  u8 n_tokens | u8 source | u8 flags (bit 0: protected) | u8 0 | i64 rank stamp |
     //            u32 n_refreshes | u32 n_uses | u32 n_hits | u32 n_tokens_accepted | i32 tokens[n_tokens]
     //   footer:  u64 FNV-1a hash of every byte before it
-    // Phrases are written in eviction order: probation then protected, least recent first.
+    // Phrases are written in eviction order: probation then protected, least recent first. Rank
+    // stamps lie in [-2^62, 2^62] (a pool moves them by one per touch or demotion).
     // Throws PoolFileError when the file cannot be written.
     void save(const std::string& path) const;
 
     // Replaces the contents by those of a file written by save(): the same lookups, ranking and
     // eviction order as the saved pool. When the file holds more phrases than capacity, those
     // first in eviction order are dropped (counted in n_evicted). Statistics other than size,
-    // n_loaded, n_evicted and n_proven are kept. On any error the pool is left unchanged.
-    // Throws PoolFileError when the file is missing, truncated, corrupt (checksum), not a phrase
-    // pool, of another version, or holds a phrase longer than max_phrase_len; VocabMismatchError
+    // n_loaded, n_evicted and n_proven are kept. On any error the pool is left unchanged. The
+    // file is read through a fixed buffer: memory grows with the phrases kept, not the file size.
+    // Throws PoolFileError when the file is missing, truncated, corrupt (checksum, counts, rank
+    // stamps), not a phrase pool, of another version, or holds a phrase longer than
+    // max_phrase_len; VocabMismatchError
     // when it was saved with an n_vocab other than this pool's (both non-zero).
     void load(const std::string& path);
 

@@ -14,6 +14,8 @@
 
 namespace spec {
 
+struct Draft;
+
 struct ChainVerdict {
     int32_t n_accepted = 0;    // number of draft tokens accepted, 0..n_draft
     int32_t next_token = -1;   // recovered token (on rejection) or bonus token (full acceptance)
@@ -82,7 +84,9 @@ TreeVerdict verify_tree_greedy(const std::vector<int32_t>& tokens, const std::ve
 // restricted to the event of acceptance, and the next token below it comes from the target's
 // row of that child, the conditional p(. | path, x): by the chain rule the whole accepted path
 // plus the final token is a draw from the target. A one-hot candidate (deterministic proposal)
-// is accepted with probability p(x), and on rejection x leaves the residual entirely.
+// is accepted with probability p(x), and on rejection x leaves the residual entirely. A candidate
+// whose row gives it q(x) = 0 cannot have been drawn from that row; it is verified as a one-hot
+// candidate, which is exact whatever chose it.
 //
 // When every candidate is deterministic (draft_probs nullptr) the trials at a node collapse into
 // one draw: trying one-hot children c_1, c_2, ... in turn outputs c_k with probability p(x_k)
@@ -121,5 +125,11 @@ TreeVerdict verify_tree_typical(const std::vector<int32_t>& tokens, const std::v
 TreeVerdict verify_tree_typical(const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents,
                                 const TargetRowFn& target_row, int32_t n_vocab, float epsilon, float delta,
                                 Rng& rng);
+
+// Checks that a drafter's output fits what verification reads: parents empty (a chain) or one per
+// token, kinds empty or one per token, probs empty (deterministic) or [n_tokens, n_vocab], every
+// token in [0, n_vocab). Throws InvalidArgumentError naming the mismatch: a drafter bug caught
+// before verification reads past a buffer. The tree's shape is checked by the verify functions.
+void check_draft(const Draft& draft, int32_t n_vocab);
 
 }  // namespace spec
