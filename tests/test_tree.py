@@ -222,7 +222,7 @@ def test_kv_cache_matches_fresh_evaluation(engines, method: str) -> None:
 
     Tolerance: the engine computes a row in a batch of 1..64 tokens on top of cached keys, the
     reference in one batch of the whole sequence; on this backend that alone changes logits by
-    up to ~1e-3 (DESIGN.md, "Numerics"; measured here 1e-5..1e-3). A stale or misplaced cell
+    up to ~1e-3 (docs/numerics.md; measured here 1e-5..1e-3). A stale or misplaced cell
     changes them by orders of magnitude more, as the control below shows."""
     engine = engines["perturbed"]
     r = engine.generate(PROMPTS[2], max_tokens=120, method=method, return_logits=True)
