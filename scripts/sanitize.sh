@@ -36,7 +36,7 @@ cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_EXE_LINKER_FLAGS="$SAN" -DCMAKE_SHARED_LINKER_FLAGS="$SAN" -DCMAKE_MODULE_LINKER_FLAGS="$SAN" \
   -DPYSPEC_BUILD_TESTS=ON -DPYSPEC_TEST_MODEL="$MODEL" \
   -DSKBUILD=ON -DCMAKE_PREFIX_PATH="$SITE;$NANOBIND" -DPython_EXECUTABLE="$(command -v "$PY")" >"$LOGS/configure.txt"
-cmake --build "$BUILD" -j2 --target test_verify test_lookup test_tree test_phrase_pool test_schedule \
+cmake --build "$BUILD" -j2 --target test_verify test_lookup test_tree test_phrase_pool test_schedule test_cost_model \
   test_pool_file test_model _core >"$LOGS/build.txt"
 
 # Reports stop the process; leaks are checked in the C++ tests (the interpreter keeps objects

@@ -37,10 +37,11 @@ KINDS = ("config", "prompt", "messages", "pool_file", "gguf", "gguf_draft", "eng
 
 INT_FIELDS = ["max_tokens", "top_k", "n_draft", "auto_max_depth", "auto_max_nodes", "auto_max_gamma",
               "lookup_ngram_max", "lookup_ngram_min", "tree_nodes", "tree_depth", "tree_branching", "tree_expand",
-              "beams", "beam_length", "pool_branches", "pool_phrase_len", "pool_max_nodes", "trace_top_k", "seed"]
+              "beams", "beam_length", "pool_branches", "pool_phrase_len", "pool_max_nodes", "trace_top_k", "seed",
+              "logprobs"]
 FLOAT_FIELDS = ["temperature", "top_p", "min_p", "typical_epsilon", "typical_delta"]
-BOOL_FIELDS = ["auto_draft_model", "pool", "harvest_prompt", "harvest_generated", "harvest_verification",
-               "return_logits"]
+BOOL_FIELDS = ["auto_draft_model", "auto_adapt_costs", "pool", "harvest_prompt", "harvest_generated",
+               "harvest_verification", "return_logits"]
 STR_FIELDS = ["method", "draft", "acceptance"]
 METHODS = ["auto", "none", "chain", "tree", "beam", "lookup", "ouroboros"]
 
@@ -119,7 +120,12 @@ def messages_case(rng: random.Random) -> Any:
     """Chat messages of every shape."""
     roles = ["user", "assistant", "system", "tool", "", "robot", "<|im_start|>", 1, None]
     contents: list[Any] = ["hi", "", "x" * 3000, "\ud800", "<|im_end|>", None, 5, ["part"],
-                           [{"type": "text", "text": "hi"}], {"a": 1}, b"bytes", "\u4e2d\u6587\x00"]
+                           [{"type": "text", "text": "hi"}], {"a": 1}, b"bytes", "\u4e2d\u6587\x00",
+                           # OpenAI content parts: text parts are read, every other shape is refused
+                           [{"type": "text", "text": "a"}, {"type": "text", "text": "\u00e9"}], [],
+                           [{"type": "image_url", "image_url": {"url": "x"}}], [{"type": "text"}],
+                           [{"type": "text", "text": 5}], [{"type": "text", "text": "\ud800"}], [{"type": 3}],
+                           ({"type": "text", "text": "t"},), [None], [{"text": "no type"}]]
     kind = rng.randrange(8)
     if kind == 0:
         return []

@@ -30,7 +30,7 @@ def test_greedy_logprobs_are_the_target_distribution(engines, method: str) -> No
     assert lp.token_logprobs.shape == (24,) and lp.top_ids.shape == lp.top_logprobs.shape == (24, 5)
     ref = reference_logprobs(engine, r)
     n = np.arange(24)
-    # Batched and one-token rows differ slightly on this backend (README, "Numerics").
+    # Batched and one-token rows differ slightly on this backend (docs/numerics.md).
     np.testing.assert_allclose(lp.token_logprobs, ref[n, r.tokens], atol=2e-3)
     np.testing.assert_allclose(lp.top_logprobs, np.take_along_axis(ref, lp.top_ids.astype(np.int64), 1), atol=2e-3)
     # Greedy: the chosen token is the row's likeliest; alternatives come likeliest first.
