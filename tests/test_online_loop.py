@@ -166,6 +166,9 @@ def test_prompt_centroids_route_by_nearest_domain(tiny_target: str) -> None:
         centroids.add(tok("The quick brown fox jumps over the lazy dog."), "prose")
         assert centroids.predict(tok("def fib(n):\n    return n")) == "code"
         assert centroids.predict(tok("The dog was the best of the times.")) == "prose"
+        # nothing in common with either domain: no guess (the router's default domain serves)
+        assert centroids.predict(tok("%%%% @@@@ ^^^^ ~~~~")) is None
+        assert centroids.predict([]) is None
 
 
 def test_distill_config_rejects_bad_values() -> None:
@@ -381,6 +384,9 @@ def test_router_sends_tagged_requests_to_their_draft(tiny_target: str, tiny_draf
         # Untagged: the classifier learned from the tagged prompts.
         untagged = router.generate("def fib(n):\n    return n", max_tokens=8)
         assert untagged.draft == "code"
+        unlike_both = engine.tokenize("%%%% @@@@ ^^^^ ~~~~")
+        assert router.classifier.predict(unlike_both) is None  # below min_similarity: the default serves
+        assert router.route(unlike_both) == router.default_domain == "code"
         with pytest.raises(ValueError, match="unknown domain 'math'"):
             router.generate(PROMPTS[0], max_tokens=8, domain="math")
         router.close()
