@@ -72,10 +72,10 @@ void CostModel::observe(int32_t k, double ms) {
     const size_t b = size_t(bucket(k));
     const double current = std::log(correction(k));
     const double limit = std::log(kMaxStepFactor);
-    const double seen = std::clamp(std::log(ms / prior_.at(k)), current - limit, current + limit);
-    if (n_seen_[b] == 0) log_ratio_[b] = current;  // start from what was borrowed, then move
-    log_ratio_[b] += kRate * (seen - log_ratio_[b]);
+    const double seen = std::min(std::log(ms / prior_.at(k)), current + limit);
+    if (n_seen_[b] == 0) log_ratio_[b] = current;  // from what was borrowed
     ++n_seen_[b];
+    log_ratio_[b] += std::max(kRate, 1.0 / double(n_seen_[b])) * (seen - log_ratio_[b]);
     ++n_observed_total_;
 }
 

@@ -20,6 +20,13 @@ namespace {
 // factor: the prediction rests on averages, the free proposal's on the nodes at hand.
 constexpr double kModelMargin = 1.02;
 
+// Probes of the cost model (plan_probe in spec/schedule.h): after this many plain steps in a row,
+// the nodes accepted with P >= kProbeMinProb are drafted when their step size has been timed
+// fewer than kProbeMinObserved times.
+constexpr int32_t kProbeAfterPlainSteps = 8;
+constexpr double kProbeMinProb = 0.5;
+constexpr int64_t kProbeMinObserved = 3;
+
 class AutoDrafter final : public Drafter {
 public:
     AutoDrafter(Model* model, const CostCurve* draft_cost, const CostModel& target_cost, AcceptanceStats& stats,
@@ -68,10 +75,16 @@ public:
                 return;
             }
         }
-        if (!free_plan.keep.empty()) {
+        std::vector<int32_t> keep = free_plan.keep;
+        if (keep.empty() && params_.adapt_costs && !free_.tokens.empty() &&
+            ++plain_steps_ >= kProbeAfterPlainSteps) {
+            keep = plan_probe(free_parents, free_.kinds, acceptance_, target_cost_, kProbeMinProb, kProbeMinObserved);
+        }
+        if (!keep.empty()) {
             out = free_;
-            keep_nodes(free_plan.keep, 0, out.tokens, out.parents, out.kinds, out.probs);
+            keep_nodes(keep, 0, out.tokens, out.parents, out.kinds, out.probs);
             used_ = lookup_.get();
+            plain_steps_ = 0;
         }
         stats_.n_proposed += int64_t(out.tokens.size());
     }
@@ -158,6 +171,7 @@ private:
     AcceptanceStats& acceptance_;
     AutoParams params_;
     Drafter* used_ = nullptr;         // the drafter whose proposal went out last step (null: none)
+    int32_t plain_steps_ = 0;         // plain steps since the last draft (probes, see kProbeAfterPlainSteps)
     Draft free_;
     Draft model_draft_;  // the model's last draft as verified (tokens, parents, kinds)
     // A free proposal awaiting its score: its root was committed[position - 1]; depth: its

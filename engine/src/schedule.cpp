@@ -5,6 +5,7 @@
 #include <numeric>
 #include <string>
 
+#include "spec/cost_model.h"
 #include "spec/error.h"
 
 namespace spec {
@@ -139,14 +140,9 @@ void AcceptanceStats::record_outcome(const std::vector<int32_t>& tokens, const s
     }
 }
 
-DraftPlan plan_draft(const std::vector<int32_t>& parents, const std::vector<uint8_t>& kinds,
-                     const AcceptanceStats& stats, const std::vector<double>& step_ms, double sunk_ms) {
+std::vector<double> path_probabilities(const std::vector<int32_t>& parents, const std::vector<uint8_t>& kinds,
+                                       const AcceptanceStats& stats) {
     const size_t n = parents.size();
-    if (step_ms.size() < n + 2) {
-        throw InvalidArgumentError("plan_draft: a cost table of " + std::to_string(step_ms.size()) +
-                                   " entries for a draft of " + std::to_string(n) + " nodes");
-    }
-    // P(path to v accepted), with siblings sharing their parent's probability mass.
     std::vector<double> path_prob(n, 0.0), mass_used(n + 1, 0.0);  // mass_used[p + 1]
     std::vector<int32_t> depth(n, 0);
     for (size_t i = 0; i < n; ++i) {
@@ -157,6 +153,29 @@ DraftPlan plan_draft(const std::vector<int32_t>& parents, const std::vector<uint
         mass_used[size_t(p + 1)] += a_eff;
         path_prob[i] = (p < 0 ? 1.0 : path_prob[size_t(p)]) * a_eff;
     }
+    return path_prob;
+}
+
+std::vector<int32_t> plan_probe(const std::vector<int32_t>& parents, const std::vector<uint8_t>& kinds,
+                                const AcceptanceStats& stats, const CostModel& costs, double min_prob,
+                                int64_t min_observed) {
+    const std::vector<double> path_prob = path_probabilities(parents, kinds, stats);
+    std::vector<int32_t> keep;
+    for (size_t i = 0; i < path_prob.size(); ++i) {
+        if (path_prob[i] >= min_prob) keep.push_back(int32_t(i));
+    }
+    if (keep.empty() || costs.n_observed(int32_t(keep.size()) + 1) >= min_observed) keep.clear();
+    return keep;
+}
+
+DraftPlan plan_draft(const std::vector<int32_t>& parents, const std::vector<uint8_t>& kinds,
+                     const AcceptanceStats& stats, const std::vector<double>& step_ms, double sunk_ms) {
+    const size_t n = parents.size();
+    if (step_ms.size() < n + 2) {
+        throw InvalidArgumentError("plan_draft: a cost table of " + std::to_string(step_ms.size()) +
+                                   " entries for a draft of " + std::to_string(n) + " nodes");
+    }
+    const std::vector<double> path_prob = path_probabilities(parents, kinds, stats);
     std::vector<int32_t> order(n);
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(),

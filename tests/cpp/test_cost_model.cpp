@@ -65,14 +65,30 @@ void test_sizes_learn_apart_and_interpolate() {
 }
 
 void test_outliers_are_clipped() {
-    // One descheduled step (100x) moves the estimate by at most kRate * log(kMaxStepFactor).
+    // One descheduled step (100x) as a size's first observation counts as kMaxStepFactor slower
+    // at most; the next steps at the true cost average it away.
     CostModel m;
     m.set_prior(prior());
     m.observe(8, 100.0 * 225.0);
-    CHECK(m.correction(8) <= std::exp(CostModel::kRate * std::log(CostModel::kMaxStepFactor)) + 1e-9);
+    CHECK_NEAR(m.correction(8), CostModel::kMaxStepFactor, 1e-9);
     m.observe(8, -1.0);                 // nonsense is ignored
     m.observe(8, std::nan(""));
     CHECK(m.n_observed(8) == 1);
+    for (int i = 0; i < 20; ++i) m.observe(8, 225.0);
+    CHECK_NEAR(m.correction(8), 1.0, 0.01);
+    // Once a size is established, one stall moves it by at most kRate * log(kMaxStepFactor).
+    m.observe(8, 100.0 * 225.0);
+    CHECK(m.correction(8) <= 1.01 * std::exp(CostModel::kRate * std::log(CostModel::kMaxStepFactor)));
+}
+
+void test_a_fast_step_corrects_a_busy_calibration_at_once() {
+    // Calibrated on a busy machine (everything from 8 tokens on 10x too slow): one step of 16
+    // tokens at its real cost puts that size right; faster than expected is never clipped.
+    CostModel m;
+    m.set_prior(CostCurve{{1, 8, 16}, {30, 2250, 2800}});
+    m.observe(16, 280.0);
+    CHECK_NEAR(m.at(16), 280.0, 1e-6);
+    CHECK(m.n_observed(16) == 1);
 }
 
 void test_plans_follow_the_corrected_costs() {
@@ -102,6 +118,7 @@ int main() {
     test_converges_to_a_wrong_prior_factor();
     test_sizes_learn_apart_and_interpolate();
     test_outliers_are_clipped();
+    test_a_fast_step_corrects_a_busy_calibration_at_once();
     test_plans_follow_the_corrected_costs();
     std::printf("test_cost_model: %d checks, %d failures\n", g_checks, g_failures);
     return g_failures == 0 ? 0 : 1;

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "check.h"
+#include "spec/cost_model.h"
 #include "spec/drafter.h"
 #include "spec/rng.h"
 #include "spec/sampling.h"
@@ -153,6 +154,43 @@ void test_plan_draft_siblings_share_mass() {
     CHECK_NEAR(p.expected_tokens, 1.0 + a, 1e-12);
 }
 
+void test_plan_probe() {
+    // A chain whose nodes are accepted ~95% of the time: P falls 0.95, 0.90, ... and crosses 0.5
+    // after 13 nodes. A calibration that makes every draft look too dear (taken on a busy
+    // machine) plans none; the probe drafts the 13 likely nodes while their step size (14) has
+    // been timed fewer than 3 times, and no longer after.
+    AcceptanceStats s;
+    for (int i = 0; i < 200; ++i) s.record(kind_lookup(30), 0, i % 20 != 0);
+    const Kinds kinds(20, kind_lookup(30));
+    const std::vector<int32_t> parents = chain_parents(20);
+    const std::vector<double> path = path_probabilities(parents, kinds, s);
+    int32_t n_likely = 0;
+    for (double p : path) n_likely += p >= 0.5 ? 1 : 0;
+    CHECK(n_likely > 5 && n_likely < 20);
+    CostModel costs;
+    costs.set_prior(curve({1, 8, 16, 32}, {100, 2000, 4000, 8000}));
+    for (int i = 0; i < 10; ++i) costs.observe(1, 100.0);  // plain steps, timed as calibrated
+    CHECK(plan_draft(parents, kinds, s, costs.table(21, true), 0.0).keep.empty());
+    Ids expected(static_cast<size_t>(n_likely));
+    for (int32_t i = 0; i < n_likely; ++i) expected[size_t(i)] = i;
+    for (int step = 0; step < 3; ++step) {
+        CHECK((plan_probe(parents, kinds, s, costs, 0.5, 3) == expected));
+        costs.observe(n_likely + 1, 300.0);  // what the step really took
+    }
+    CHECK(plan_probe(parents, kinds, s, costs, 0.5, 3).empty());
+    // The corrected costs now make the likely nodes worth drafting without a probe.
+    CHECK(!plan_draft(parents, kinds, s, costs.table(21, true), 0.0).keep.empty());
+    // Nothing likely: no probe.
+    AcceptanceStats poor;
+    for (int i = 0; i < 200; ++i) poor.record(kind_lookup(30), 0, i % 2 == 0);
+    CostModel fresh;
+    fresh.set_prior(curve({1, 8, 16, 32}, {100, 2000, 4000, 8000}));
+    CHECK(plan_probe(parents, kinds, poor, fresh, 0.5, 3).size() == 1);  // only the first node has P >= 0.5
+    AcceptanceStats worse;
+    for (int i = 0; i < 200; ++i) worse.record(kind_lookup(30), 0, i % 4 == 0);
+    CHECK(plan_probe(parents, kinds, worse, fresh, 0.5, 3).empty());
+}
+
 void test_plan_chain() {
     const std::vector<double> target = table(curve({1, 16}, {100, 100}), 16);  // verification free up to 16
     CHECK(plan_chain(0.9, target, 1.0, 8).gamma == 8);
@@ -212,6 +250,7 @@ int main() {
     test_record_outcome();
     test_plan_draft_hand_computed();
     test_plan_draft_siblings_share_mass();
+    test_plan_probe();
     test_plan_chain();
     test_keep_nodes();
     test_deterministic_candidates_follow_the_random_stream();

@@ -15,11 +15,15 @@ namespace spec {
 class CostModel {
 public:
     // How fast a correction follows new observations: the weight of the newest step in the
-    // running (log-space) average of observed / predicted time, per size bucket. 0.3 corrects a
-    // wrong prior to within ~10% of the truth in 6 observations.
+    // running (log-space) average of observed / predicted time, per size bucket. A bucket's
+    // first steps are averaged plainly (weights 1, 1/2, 1/3, ...) until the weight falls to
+    // kRate, so one step of a size corrects a wrong prior at once, and later a change of load
+    // is followed to within ~10% in about 6 steps.
     static constexpr double kRate = 0.3;
-    // A single step is believed at most this factor away from the current estimate (an outlier:
-    // the process was descheduled, a page fault storm), so one step cannot wreck the plan.
+    // A single step is believed at most this factor slower than the current estimate (an
+    // outlier: the process was descheduled, a page fault storm), so one stall cannot wreck the
+    // plan. Faster than expected is not clipped: a step cannot run faster than the machine
+    // allows, so a fast step shows the prior was too slow (taken on a busy machine).
     static constexpr double kMaxStepFactor = 3.0;
 
     CostModel() = default;

@@ -17,6 +17,8 @@
 
 namespace spec {
 
+class CostModel;  // spec/cost_model.h
+
 // Time of one decode call as a function of the tokens in it, measured at a few sizes.
 struct CostCurve {
     std::vector<int32_t> n_tokens;  // strictly increasing, starting at 1
@@ -105,6 +107,21 @@ struct DraftPlan {
     double ms = 0.0;               // sunk drafting time + a target step of keep.size() + 1 tokens
     double tokens_per_ms() const { return ms > 0 ? expected_tokens / ms : 0.0; }
 };
+
+// P(path to node i accepted) for each node of a draft: the product of the acceptance estimates
+// along its path, siblings sharing their parent's probability mass. parents empty: a chain.
+std::vector<double> path_probabilities(const std::vector<int32_t>& parents, const std::vector<uint8_t>& kinds,
+                                       const AcceptanceStats& stats);
+
+// A probe of the cost model (method auto, spec/cost_model.h): the nodes whose path is accepted
+// with P >= min_prob (prefix-closed, since P only falls along a path), when their step size
+// (1 + nodes) has been timed fewer than min_observed times; empty otherwise. The cost model
+// corrects only the sizes it sees decoded, and the planner never drafts a size it believes
+// too dear, so a calibration taken on a busy machine would otherwise keep auto from drafting
+// for good; a probe of likely nodes mostly pays for itself in accepted tokens.
+std::vector<int32_t> plan_probe(const std::vector<int32_t>& parents, const std::vector<uint8_t>& kinds,
+                                const AcceptanceStats& stats, const CostModel& costs, double min_prob,
+                                int64_t min_observed);
 
 // The prefix-closed node set with the best expected tokens per ms (the empty set, plain
 // decoding, included). Nodes are taken in decreasing P(v) order, which keeps parents before
