@@ -36,6 +36,7 @@ from pathlib import Path
 from pyspec import Engine, GenerationConfig, _core
 from pyspec.calibration import CostCurve
 from pyspec.config import DEFAULT_DRAFT, DEFAULT_TARGET
+from pyspec.bench import _top2_gap
 from pyspec.data import load_suite
 
 ARMS = ("quiet", "stale", "repaired")
@@ -137,6 +138,12 @@ def main(argv: list[str] | None = None) -> int:
             outputs[arm] = result.tokens
             steps[arm] += [(int(k), float(ms)) for k, ms in zip(result.step_sizes, result.step_ms)]
         row["identical"] = outputs["stale"] == outputs["quiet"] == outputs["repaired"]
+        for arm in ("stale", "repaired"):  # where greedy outputs part, the target's top-2 logit gap
+            a, b = outputs["quiet"], outputs[arm]
+            j = next((t for t in range(min(len(a), len(b))) if a[t] != b[t]), None)
+            if j is not None:
+                context = engines["quiet"].prompt_tokens(list(prompt.messages)) + list(a[:j])
+                row[f"divergence_{arm}"] = {"index": j, "top2_logit_gap": _top2_gap(engines["quiet"], context)}
         rows.append(row)
         print(f"[{i + 1}/{len(prompts)}] {prompt.id}: " + ", ".join(f"{a} {row[a]:.1f}" for a in ARMS) + " tok/s",
               file=sys.stderr)
@@ -171,6 +178,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"repaired: rolling median error (window {args.window}) within {args.tolerance} of the quiet engine's "
           f"({quiet_level:.3f}) from step {converged} of {len(steps['repaired'])} on; "
           f"greedy outputs identical across the three: {summary['all_identical']}")
+    for r in rows:
+        for arm in ("stale", "repaired"):
+            if f"divergence_{arm}" in r:
+                d = r[f"divergence_{arm}"]
+                print(f"  {r['prompt']}: {arm} parts from quiet at token {d['index']}, "
+                      f"top-2 logit gap {d['top2_logit_gap']:.3f}")
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1))
     if args.plot:
