@@ -11,13 +11,16 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 from typing import Any
 
 
 def run_python(code: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """Runs `code` (dedented) with sys.argv[1:] = args; returns the finished process."""
+    # cwd: tests/, not the repository root, where `python -c` would import the source tree
+    # (without the built extension) instead of the installed package.
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, cwd=Path(__file__).parent)
 
 
 def describe_exit(proc: subprocess.CompletedProcess[str]) -> str:
