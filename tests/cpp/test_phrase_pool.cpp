@@ -24,22 +24,6 @@ namespace {
 using namespace pool_test;
 
 // True when `call` throws E whose message contains `expected`.
-template <class E>
-bool throws(const std::function<void()>& call, const std::string& expected) {
-    try {
-        call();
-    } catch (const E& e) {
-        if (std::string(e.what()).find(expected) != std::string::npos) return true;
-        std::fprintf(stderr, "  message was: %s\n  expected to contain: %s\n", e.what(), expected.c_str());
-        return false;
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "  unexpected exception: %s\n", e.what());
-        return false;
-    }
-    std::fprintf(stderr, "  nothing thrown, expected: %s\n", expected.c_str());
-    return false;
-}
-
 std::filesystem::path temp_dir() {
     static const std::filesystem::path dir = [] {
         auto d = std::filesystem::temp_directory_path() /
