@@ -71,13 +71,18 @@ EOF
   export PYTHONPATH=$STAGE
   export LD_LIBRARY_PATH=$SITE/llama_cpp/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1
+  # From the stage: `python -c` and `python -m` put the working directory first on sys.path, and
+  # the repository root would give the source tree (without any _core).
+  cd "$STAGE"
   LD_PRELOAD=$RUNTIME $PY -c "
 import pyspec._core as core, sys
 assert core.__file__.startswith('$STAGE'), core.__file__
 print('sanitized extension:', core.__file__)"
   nm -D "$STAGE"/pyspec/_core*.so | grep -q __asan_report || { echo "the staged _core is not instrumented"; exit 1; }
-  LD_PRELOAD=$RUNTIME $PY -m pytest -q -p no:cacheprovider -m "not model" --deselect tests/test_cpp.py::test_cpp_unit_tests \
+  LD_PRELOAD=$RUNTIME $PY -m pytest -q -p no:cacheprovider --rootdir "$ROOT" -c "$ROOT/pyproject.toml" \
+    -m "not model" --deselect tests/test_cpp.py::test_cpp_unit_tests "$ROOT/tests" \
     "$@" >"$LOGS/pytest.txt" 2>&1 || status=1
+  cd "$ROOT"
   tail -n 3 "$LOGS/pytest.txt"
 fi
 
