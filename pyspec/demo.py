@@ -23,10 +23,11 @@ class DemoRun:
 
 
 def default_methods() -> list[str]:
-    """Every speculative method the engine has (all but plain decoding)."""
-    from .engine import METHODS
+    """Every speculative method the engine runs without a draft head (the demo loads none):
+    all but plain decoding and the head's `redrafter`."""
+    from . import _core
 
-    return [m for m in METHODS if m != "none"]
+    return [name for name, _, needs_head in _core.drafter_methods() if name != "none" and not needs_head]
 
 
 def run_demo(

@@ -58,3 +58,16 @@ def test_demo_table_marks_divergence() -> None:
     table = format_table([plain, good, bad])
     assert "| chain | 3 | 15.0 | 1.50x | 0.80 | 2.50 | yes |" in table
     assert "| lookup | 3 | 20.0 | 2.00x | 0.50 | 1.50 | NO |" in table
+
+
+def test_demo_default_methods_run_without_a_head(tiny_target: str, tiny_drafts: dict[str, str]) -> None:
+    """`pyspec demo` runs every default method on an engine with a draft and no head: the head's
+    method is not among them (it used to be, and the README's main command failed on it)."""
+    from pyspec import Engine
+    from pyspec.demo import default_methods
+
+    methods = default_methods()
+    assert "auto" in methods and "chain" in methods and "none" not in methods and "redrafter" not in methods
+    with Engine(tiny_target, draft=tiny_drafts["perturbed"], n_threads=1) as engine:
+        for m in methods:
+            assert len(engine.generate("def f():", max_tokens=6, method=m).tokens) > 0, m
