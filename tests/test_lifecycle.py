@@ -101,6 +101,9 @@ CTRL_C = """
 import json, os, signal, sys, threading, time
 import pyspec
 
+# A process started in the background by a shell inherits SIGINT ignored, and Python then keeps
+# it ignored: Ctrl-C is restored here as an interactive Python has it.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 engine = pyspec.Engine(sys.argv[1], n_ctx=4096, n_threads=1)
 max_tokens = 4000
 # The tiny model makes thousands of tokens a second and a loaded machine may run the timer late:
