@@ -44,13 +44,18 @@ def _describe(value: Any) -> str:
     return f"{text[:60]}... ({type(value).__name__})" if len(text) > 60 else f"{text} ({type(value).__name__})"
 
 
-def _check_str(name: str, value: Any) -> None:
+def check_text(what: str, value: Any) -> None:
+    """TypeError naming `what` unless value is a str that UTF-8 can encode (no lone surrogates)."""
     if not isinstance(value, str):
-        raise TypeError(f"GenerationConfig.{name} must be a str, got {_describe(value)}")
+        raise TypeError(f"{what} must be a str, got {_describe(value)}")
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise TypeError(f"GenerationConfig.{name} is not valid text (unpaired surrogate at {exc.start})") from None
+        raise TypeError(f"{what} is not valid text (unpaired surrogate at index {exc.start})") from None
+
+
+def _check_str(name: str, value: Any) -> None:
+    check_text(f"GenerationConfig.{name}", value)
 
 
 def _check_field(name: str, value: Any) -> None:

@@ -14,7 +14,7 @@ import numpy as np
 from . import _core
 from . import calibration
 from .calibration import CostCurve, CostModelState
-from .config import DEFAULT_N_DRAFT, METHODS, GenerationConfig
+from .config import DEFAULT_N_DRAFT, METHODS, GenerationConfig, check_text
 from .errors import EngineClosedError, InvalidArgumentError
 from .results import GenerationResult, GenerationStats, StreamChunk, TokenLogprobs, Trace
 
@@ -47,16 +47,6 @@ def cpu_has_amx() -> bool:
     return False
 
 
-def _check_text(what: str, value: object) -> None:
-    """TypeError naming `what` unless value is a str that UTF-8 can encode (no lone surrogates)."""
-    if not isinstance(value, str):
-        raise TypeError(f"{what} must be a str, got {type(value).__name__}")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise TypeError(f"{what} is not valid text (unpaired surrogate at index {exc.start})") from None
-
-
 def message_text(content: Any, index: int) -> str:
     """The text of one chat message's content: a string, None (""), or a list of OpenAI content
     parts whose text parts are joined with newlines. Raises InvalidArgumentError for a non-text
@@ -64,14 +54,14 @@ def message_text(content: Any, index: int) -> str:
     if content is None:
         return ""
     if isinstance(content, str):
-        _check_text(f"message {index} content", content)
+        check_text(f"message {index} content", content)
         return content
     if isinstance(content, (list, tuple)):
         texts = []
         for j, part in enumerate(content):
             kind = part.get("type") if isinstance(part, Mapping) else None
             if kind == "text" and isinstance(part.get("text"), str):
-                _check_text(f"message {index}, content part {j} text", part["text"])
+                check_text(f"message {index}, content part {j} text", part["text"])
                 texts.append(part["text"])
             elif isinstance(kind, str) and kind != "text":
                 raise InvalidArgumentError(f"message {index}, content part {j}: type {kind!r:.80} is not supported; "
@@ -277,7 +267,7 @@ class Engine:
     # -- text <-> tokens -----------------------------------------------------------------------
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        _check_text("text", text)
+        check_text("text", text)
         return list(self._core.tokenize(text, add_special, parse_special))
 
     def detokenize(self, tokens: Sequence[int], *, special: bool = False) -> str:
@@ -309,14 +299,14 @@ class Engine:
         for i, m in enumerate(messages):
             if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
                 raise TypeError(f"message {i} must be a dict with 'role' and 'content', got {m!r:.80}")
-            _check_text(f"message {i} role", m["role"])
+            check_text(f"message {i} role", m["role"])
             pairs.append((m["role"], message_text(m["content"], i)))
         return str(self._core.apply_chat_template(pairs, add_generation_prompt))
 
     def prompt_tokens(self, prompt: Prompt) -> list[int]:
         """Token ids for a prompt given as text, token ids, or chat messages."""
         if isinstance(prompt, str):
-            _check_text("prompt", prompt)
+            check_text("prompt", prompt)
             return self.tokenize(prompt)
         if isinstance(prompt, (bytes, bytearray)) or not isinstance(prompt, (Sequence, np.ndarray)):
             raise TypeError(f"prompt must be a string, a list of token ids, or a list of chat messages, "
