@@ -177,6 +177,19 @@ def _long_request() -> dict:
                 extra_body={"method": "none"}, **GREEDY)
 
 
+def _tokens_after_cancel(server: ServerProcess, before_cancelled: float, before_tokens: float) -> float:
+    """Waits until the server counted one more cancelled chat request and its queue is empty;
+    returns the tokens generated since before_tokens."""
+    deadline = time.monotonic() + 30
+    while server.metric("pyspec_requests_total", '{endpoint="chat",outcome="cancelled"}') == before_cancelled:
+        assert time.monotonic() < deadline, "the disconnect was not noticed"
+        time.sleep(0.05)
+    while server.metric("pyspec_queue_depth") > 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    return server.metric("pyspec_generated_tokens_total") - before_tokens
+
+
 def test_stream_disconnect_cancels_the_generation(server: ServerProcess, client: openai.OpenAI) -> None:
     before_cancelled = server.metric("pyspec_requests_total", '{endpoint="chat",outcome="cancelled"}')
     before_tokens = server.metric("pyspec_generated_tokens_total")
@@ -185,14 +198,7 @@ def test_stream_disconnect_cancels_the_generation(server: ServerProcess, client:
         if i == 3:
             break
     stream.close()  # the client disconnects
-    deadline = time.monotonic() + 30
-    while server.metric("pyspec_requests_total", '{endpoint="chat",outcome="cancelled"}') == before_cancelled:
-        assert time.monotonic() < deadline, "the disconnect was not noticed"
-        time.sleep(0.05)
-    while server.metric("pyspec_queue_depth") > 0:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    generated = server.metric("pyspec_generated_tokens_total") - before_tokens
+    generated = _tokens_after_cancel(server, before_cancelled, before_tokens)
     assert generated < (N_CTX - 64) / 2, f"the generation went on for {generated} tokens after the disconnect"
 
 
@@ -210,14 +216,7 @@ def test_non_stream_disconnect_cancels_the_generation(server: ServerProcess) -> 
     before_tokens = server.metric("pyspec_generated_tokens_total")
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=httpx.Timeout(10, read=t_full / 10))
-    deadline = time.monotonic() + 30
-    while server.metric("pyspec_requests_total", '{endpoint="chat",outcome="cancelled"}') == before_cancelled:
-        assert time.monotonic() < deadline, "the disconnect was not noticed"
-        time.sleep(0.05)
-    while server.metric("pyspec_queue_depth") > 0:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    generated = server.metric("pyspec_generated_tokens_total") - before_tokens
+    generated = _tokens_after_cancel(server, before_cancelled, before_tokens)
     # What must hold: the generation stopped before the end the same request reaches.
     assert generated < N_CTX - 64, f"the generation went on to its end ({generated} tokens) after the disconnect"
 

@@ -15,6 +15,7 @@
 
 #include "check.h"
 #include "phrase_pool_reference.h"
+#include "pool_file_bytes.h"
 #include "spec/error.h"
 #include "spec/phrase_pool.h"
 #include "spec/rng.h"
@@ -23,35 +24,8 @@ namespace {
 
 using namespace pool_test;
 
-// True when `call` throws E whose message contains `expected`.
-std::filesystem::path temp_dir() {
-    static const std::filesystem::path dir = [] {
-        auto d = std::filesystem::temp_directory_path() /
-                 ("test_phrase_pool_" + std::to_string(std::hash<std::thread::id>()(std::this_thread::get_id())));
-        std::filesystem::create_directories(d);
-        return d;
-    }();
-    return dir;
-}
+std::filesystem::path temp_dir() { return pool_test::temp_dir("test_phrase_pool_"); }
 
-std::string read_bytes(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-void write_bytes(const std::string& path, const std::string& bytes) {
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out.write(bytes.data(), std::streamsize(bytes.size()));
-}
-
-// Recomputes the FNV-1a footer of an edited pool file, so a test reaches the checks after it.
-void fix_checksum(std::string& bytes) {
-    uint64_t h = 0xcbf29ce484222325ULL;
-    for (size_t i = 0; i < bytes.size() - 8; ++i) h = (h ^ uint8_t(bytes[i])) * 0x100000001b3ULL;
-    for (int i = 0; i < 8; ++i) bytes[bytes.size() - 8 + size_t(i)] = char(uint8_t(h >> (8 * i)));
-}
-
-// Every key of 1..max_key_len tokens over tokens 0..n_vocab-1.
 // ---- Tests ----
 
 void test_validation() {

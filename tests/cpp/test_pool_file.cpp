@@ -19,6 +19,7 @@
 
 #include "check.h"
 #include "phrase_pool_reference.h"
+#include "pool_file_bytes.h"
 #include "spec/error.h"
 #include "spec/phrase_pool.h"
 #include "spec/rng.h"
@@ -31,35 +32,7 @@ constexpr size_t kHeaderBytes = 36;  // magic, version, n_vocab, n_phrases, two 
 constexpr size_t kTouchHighOffset = 20, kTouchLowOffset = 28;
 constexpr size_t kRecordTouchOffset = 4;  // within a record
 
-// True when `call` throws E whose message contains `expected`.
-std::filesystem::path temp_dir() {
-    static const std::filesystem::path dir = [] {
-        auto d = std::filesystem::temp_directory_path() / ("test_pool_file_" + std::to_string(::getpid()));
-        std::filesystem::create_directories(d);
-        return d;
-    }();
-    return dir;
-}
-
-std::string read_bytes(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-void write_bytes(const std::string& path, const std::string& bytes) {
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out.write(bytes.data(), std::streamsize(bytes.size()));
-}
-
-uint64_t fnv1a_step(uint64_t h, uint8_t b) { return (h ^ b) * 0x100000001b3ULL; }
-
-// Recomputes the FNV-1a footer of an edited pool file, so a test reaches the checks after it.
-void fix_checksum(std::string& bytes) {
-    if (bytes.size() < 8) return;
-    uint64_t h = 0xcbf29ce484222325ULL;
-    for (size_t i = 0; i < bytes.size() - 8; ++i) h = fnv1a_step(h, uint8_t(bytes[i]));
-    for (int i = 0; i < 8; ++i) bytes[bytes.size() - 8 + size_t(i)] = char(uint8_t(h >> (8 * i)));
-}
+std::filesystem::path temp_dir() { return pool_test::temp_dir("test_pool_file_"); }
 
 void put_u64(std::string& bytes, size_t offset, uint64_t v) {
     for (int i = 0; i < 8; ++i) bytes[offset + size_t(i)] = char(uint8_t(v >> (8 * i)));
