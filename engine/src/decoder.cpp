@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <exception>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include "spec/drafter_registry.h"
 #include "spec/error.h"
@@ -13,6 +16,21 @@
 
 namespace spec {
 namespace {
+
+// Frees `old` (a draft model being replaced or removed) and gives the C heap's free pages back
+// to the system. A model's context buffers are large blocks that glibc takes from its arenas
+// (not from mmap) once its dynamic mmap threshold has risen, which it does at the first free of
+// such a block; freed at a reload, their pages stayed resident as free arena memory, and the
+// serving process grew with the draft updates (the server soak: +12.6 MB over its first 500
+// requests and 13 reloads while the heap in use stayed flat; 60 reloads of the tiny draft in one
+// engine: +16 MB). malloc_trim hands those pages back (docs/hardening.md has the figures).
+void free_model(std::unique_ptr<Model> old) {
+    if (!old) return;
+    old.reset();
+#if defined(__GLIBC__)
+    malloc_trim(0);
+#endif
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -295,6 +313,7 @@ void Engine::swap_draft(std::unique_ptr<Model> draft, const std::string& name) {
         slot.model = std::move(draft);
         ++slot.version;
     }
+    free_model(std::move(old));
 }
 
 void Engine::reload_draft(const std::string& path, const std::string& name) {
@@ -312,6 +331,7 @@ void Engine::remove_draft(const std::string& name) {
         }
         old = std::move(it->second.model);
     }
+    free_model(std::move(old));
 }
 
 std::unique_ptr<DraftHead> Engine::load_head(const std::string& path) const {
