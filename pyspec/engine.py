@@ -97,6 +97,10 @@ class Engine:
     only for the new turn); False clears the cache at every request. repack: llama.cpp's weight
     repacking for the CPU (faster one-token decoding); None = on, except on CPUs with AMX, where
     ggml's AMX kernels (part of the same mechanism) crash with SIGILL on the machines we measured.
+    pool_capacity: phrases the engine's phrase pool keeps at most (least recently useful ones are
+    evicted beyond it); None = the engine's default, 65,536 phrases, at most about 13 MB when full
+    (pool_stats()["memory_bytes"] says what it takes now);
+    InvalidArgumentError outside 1..16,777,216.
     """
 
     def __init__(
@@ -113,15 +117,19 @@ class Engine:
         drafts: Mapping[str, str | os.PathLike[str]] | None = None,
         prefix_cache: bool = True,
         head: str | os.PathLike[str] | None = None,
+        pool_capacity: int | None = None,
     ) -> None:
         self.target_path = _resolve(target)
         self.draft_path = _resolve(draft) if draft is not None else None
         threads = n_threads if n_threads is not None else (os.cpu_count() or 1)
         self.repack = (not cpu_has_amx()) if repack is None else bool(repack)
+        if pool_capacity is not None and (isinstance(pool_capacity, bool) or not isinstance(pool_capacity, int)
+                                          or pool_capacity < 1):
+            raise InvalidArgumentError(f"pool_capacity must be a whole number of phrases >= 1, got {pool_capacity!r}")
         try:
             self._core: Any = _core.Engine(
                 self.target_path, self.draft_path or "", n_ctx, n_batch, threads, n_gpu_layers, 1,
-                self.repack, seed, reuse_prefix=bool(prefix_cache),
+                self.repack, seed, reuse_prefix=bool(prefix_cache), pool_capacity=pool_capacity,
             )
         finally:
             _forward_llama_logs()

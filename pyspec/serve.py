@@ -44,6 +44,10 @@ def register_cli(sub: Any) -> None:
                            "every --pool-save-interval seconds when it changed and at shutdown; an unreadable "
                            "file is moved aside and the server starts with an empty pool)")
     pool.add_argument("--pool-save-interval", type=float, default=60.0, help="seconds between saves (default 60)")
+    pool.add_argument("--pool-capacity", type=_phrase_count, default=None,
+                      help="phrases the pool keeps at most, the least recently useful evicted beyond it (default "
+                           "65536, at most about 13 MB when full: the server's memory grows by up to that much "
+                           "while the pool fills)")
     online = p.add_argument_group("online distillation (needs the train extra: PyTorch)")
     online.add_argument("--online", action="store_true",
                         help="distil the draft from the served traffic and hot-reload it (pyspec.online)")
@@ -53,6 +57,16 @@ def register_cli(sub: Any) -> None:
     online.add_argument("--online-train-threads", type=int, default=1, help="PyTorch threads while training")
     online.add_argument("--online-work-dir", default=None, help="where trained drafts are written (default: temporary)")
     p.set_defaults(handler=_cmd_serve)
+
+
+def _phrase_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of phrases, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"the pool holds at least 1 phrase, got {value}")
+    return value
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -73,7 +87,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     settings = ServerSettings(
         target=args.target, draft=args.draft, model_name=args.model_name, n_ctx=args.n_ctx, n_batch=args.n_batch,
         n_threads=args.threads, n_gpu_layers=args.n_gpu_layers, seed=args.seed,
-        prefix_cache=not args.no_prefix_cache, defaults=defaults, pool_file=args.pool_file,
+        prefix_cache=not args.no_prefix_cache, pool_capacity=args.pool_capacity, defaults=defaults,
+        pool_file=args.pool_file,
         pool_save_interval_s=args.pool_save_interval, online=online,
     )
     level = logging.getLogger().getEffectiveLevel()

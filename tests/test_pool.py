@@ -176,3 +176,25 @@ def test_ouroboros_needs_a_draft(tiny_target: str) -> None:
         with pytest.raises(InvalidArgumentError, match="method 'ouroboros' needs a draft model"):
             engine.generate("hi", max_tokens=4, method="ouroboros")
         assert len(engine.generate("hi", max_tokens=4, method="lookup").tokens) == 4
+
+
+def test_pool_capacity_bounds_the_pool(engine, tiny_target: str, tmp_path: Path) -> None:
+    """Engine(pool_capacity=N) keeps at most N phrases, also when loading a larger pool file."""
+    assert engine.pool_stats()["capacity"] == 65536  # the default
+    for prompt in STREAM[:4]:
+        engine.generate(prompt, max_tokens=40, method="lookup")
+    full = engine.pool_stats()["size"]
+    assert full > 40
+    engine.save_pool(tmp_path / "pool.bin")
+    with pyspec.Engine(tiny_target, n_ctx=1024, n_threads=2, pool_capacity=20) as small:
+        for prompt in STREAM[:4]:
+            small.generate(prompt, max_tokens=40, method="lookup")
+        stats = small.pool_stats()
+        assert stats["capacity"] == 20 and stats["size"] == 20 and stats["n_evicted"] > 0
+        small.clear_pool()
+        small.load_pool(tmp_path / "pool.bin")
+        assert small.pool_stats()["size"] == 20
+        assert small.pool_stats()["memory_bytes"] < engine.pool_stats()["memory_bytes"]
+    for bad in (0, -1, 2.5, True, (1 << 24) + 1):
+        with pytest.raises(InvalidArgumentError, match="capacity"):
+            pyspec.Engine(tiny_target, n_ctx=256, n_threads=1, pool_capacity=bad)

@@ -260,6 +260,8 @@ def test_metrics(server: ServerProcess, client: openai.OpenAI) -> None:
     assert server.metric("pyspec_requests_total", '{endpoint="chat",outcome="ok"}') >= 1
     assert server.metric("pyspec_prefix_cache_hits_total") >= 1
     assert server.metric("pyspec_draft_version", '{slot=""}') == 1
+    assert server.metric("pyspec_pool_capacity") == 65536
+    assert server.metric("pyspec_pool_bytes") > 0
 
 
 def test_restart_keeps_the_pool_and_a_bad_pool_file_is_set_aside(tiny_target: str, tmp_path: Path) -> None:
@@ -284,14 +286,17 @@ def test_restart_keeps_the_pool_and_a_bad_pool_file_is_set_aside(tiny_target: st
         assert second.stop() == 0, second.log()
     pool_file.write_bytes(b"not a pool file at all")
     third = ServerProcess("--target", tiny_target, "--model-name", "tiny", "--n-ctx", "512", "--threads", "1",
-                          "--pool-file", str(pool_file), log_path=tmp_path / "third.log")
+                          "--pool-file", str(pool_file), "--pool-capacity", "3", log_path=tmp_path / "third.log")
     try:
         assert third.metric("pyspec_pool_file_errors_total") == 1
         assert third.metric("pyspec_pool_phrases") == 0
         aside = list(tmp_path.glob("pool.bin.unreadable-*"))
         assert len(aside) == 1 and aside[0].read_bytes() == b"not a pool file at all"
         c = openai.OpenAI(base_url=third.base_url + "/v1", api_key="unused", max_retries=0)
-        c.completions.create(model="tiny", prompt="while True:\n    pass\n", max_tokens=8, **GREEDY)
+        c.completions.create(model="tiny", prompt="while True:\n    pass\n", max_tokens=8,
+                             extra_body={"method": "lookup"}, **GREEDY)
+        assert third.metric("pyspec_pool_capacity") == 3
+        assert 0 < third.metric("pyspec_pool_phrases") <= 3
     finally:
         assert third.stop() == 0, third.log()
     assert "cannot be read" in third.log()

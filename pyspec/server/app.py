@@ -45,6 +45,7 @@ class ServerSettings:
     n_gpu_layers: int = 0
     seed: int = 0
     prefix_cache: bool = True
+    pool_capacity: int | None = None  # phrases the phrase pool keeps at most (None: the engine's default)
     # Defaults of every request; a request's own fields (OpenAI's and the speculative extra
     # fields) override them. temperature 1.0 and top_p 1.0 are OpenAI's defaults.
     defaults: GenerationConfig = field(default_factory=lambda: GenerationConfig(temperature=1.0))
@@ -88,7 +89,7 @@ def _start(settings: ServerSettings, engine: Engine | None) -> ServerState:
     if engine is None:
         engine = Engine(settings.target, draft=settings.draft, n_ctx=settings.n_ctx, n_batch=settings.n_batch,
                         n_threads=settings.n_threads, n_gpu_layers=settings.n_gpu_layers, seed=settings.seed,
-                        prefix_cache=settings.prefix_cache)
+                        prefix_cache=settings.prefix_cache, pool_capacity=settings.pool_capacity)
     metrics = ServerMetrics()
     pool = None
     if settings.pool_file:
@@ -256,6 +257,8 @@ def _gauges(state: ServerState) -> Iterable[tuple[str, str, str, float]]:
             f'{{slot="{slot}"}}', version
     pool = state.engine.pool_stats()
     yield "pyspec_pool_phrases", "Phrases in the phrase pool.", "", pool["size"]
+    yield "pyspec_pool_capacity", "Phrases the phrase pool holds at most (--pool-capacity).", "", pool["capacity"]
+    yield "pyspec_pool_bytes", "Memory the phrase pool takes (its rows and hash tables).", "", pool["memory_bytes"]
     yield "pyspec_uptime_seconds", "Seconds since the server started.", "", time.time() - state.started
     if state.online is not None:
         yield from state.online.gauges()
