@@ -7,9 +7,15 @@ answer, apart from the deliberate cancels), draft reloads, pool saves, and the s
 memory after the first 50 requests and at the end (the goal: 0 failures, end within 10% of the
 first 50).
 
-    /work/tools/heavy python benchmarks/serve_soak.py --tiny --json benchmarks/results/serve_soak_tiny.json
+    /work/tools/heavy python benchmarks/serve_soak.py --tiny --json benchmarks/results/serve_soak_tiny_paced.json
 
 --tiny builds the tiny random-weight test models (fast); without it the default real pair is used.
+To tell the causes of memory growth apart: every --sample-every requests the server's resident
+memory (anonymous and file-backed), the phrase pool's phrases and bytes and the draft version go
+in the report's timeline; --no-online and --no-pool-file leave out the online loop (training,
+reloads) or the pool saves; --pool-capacity sets the pool's bound; --probe malloc adds glibc's
+allocator totals (memory in use vs freed but kept), --probe tracemalloc also Python's
+allocations and where they grew (benchmarks/soak_probe/sitecustomize.py).
 """
 
 from __future__ import annotations
@@ -49,6 +55,32 @@ def rss_kib(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     return 0
+
+
+def rss_split_kib(pid: int) -> dict[str, int]:
+    """Resident memory by kind (/proc/PID/smaps_rollup): anonymous (heap, malloc arenas, repacked
+    weights) and file-backed (mapped GGUF files, shared libraries)."""
+    split = {}
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            if key in ("Rss", "Anonymous", "Shared_Clean", "Private_Clean"):
+                split[key] = int(rest.split()[0])
+    return {"rss_kib": split.get("Rss", 0), "anon_kib": split.get("Anonymous", 0),
+            "file_kib": split.get("Rss", 0) - split.get("Anonymous", 0)}
+
+
+def probe_server(pid: int, path: Path, timeout: float = 120.0) -> dict[str, Any] | None:
+    """Asks the server's memory probe (benchmarks/soak_probe) for a record; waits for its line."""
+    n_before = len(path.read_text().splitlines()) if path.exists() else 0
+    os.kill(pid, signal.SIGUSR1)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lines = path.read_text().splitlines() if path.exists() else []
+        if len(lines) > n_before:
+            return json.loads(lines[n_before])
+        time.sleep(0.05)
+    return None
 
 
 def children(pid: int) -> list[int]:
@@ -124,6 +156,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pace", type=float, default=0.2,
                    help="seconds each client waits between requests (default 0.2: with the tiny models, slow "
                         "enough that draft updates keep up with the traffic)")
+    p.add_argument("--no-online", action="store_true", help="serve without --online (no training, no reloads)")
+    p.add_argument("--no-pool-file", action="store_true", help="serve without --pool-file (no pool saves)")
+    p.add_argument("--pool-capacity", type=int, default=None, help="the server's --pool-capacity (default: its own)")
+    p.add_argument("--sample-every", type=int, default=50,
+                   help="requests between two samples of the server's memory and pool (default 50)")
+    p.add_argument("--probe", choices=["malloc", "tracemalloc"], default=None,
+                   help="at each sample, also the server's allocator totals (glibc mallinfo2) and, with "
+                        "tracemalloc, its Python allocations and where they grew (benchmarks/soak_probe; slower)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
 
@@ -140,12 +180,24 @@ def main(argv: list[str] | None = None) -> int:
         port = s.getsockname()[1]
     base_url = f"http://127.0.0.1:{port}"
     log = open(work / "server.log", "w")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "pyspec.cli", "-v", "serve", "--target", target, "--draft", draft, "--host", "127.0.0.1",
-         "--port", str(port), "--threads", str(args.threads), "--n-ctx", "2048", "--model-name", "soak",
-         "--online", "--online-interval", str(args.online_interval), "--online-work-dir", str(work / "drafts"),
-         "--pool-file", str(work / "pool.bin"), "--pool-save-interval", str(args.pool_save_interval)],
-        stdout=log, stderr=subprocess.STDOUT)
+    command = [sys.executable, "-m", "pyspec.cli", "-v", "serve", "--target", target, "--draft", draft,
+               "--host", "127.0.0.1", "--port", str(port), "--threads", str(args.threads), "--n-ctx", "2048",
+               "--model-name", "soak"]
+    if not args.no_online:
+        command += ["--online", "--online-interval", str(args.online_interval),
+                    "--online-work-dir", str(work / "drafts")]
+    if not args.no_pool_file:
+        command += ["--pool-file", str(work / "pool.bin"), "--pool-save-interval", str(args.pool_save_interval)]
+    if args.pool_capacity is not None:
+        command += ["--pool-capacity", str(args.pool_capacity)]
+    env = dict(os.environ)
+    probe = work / "probe.jsonl"
+    if args.probe:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent / "soak_probe"),
+                                                          env.get("PYTHONPATH")]))
+        env["PYSPEC_SOAK_PROBE"] = str(probe)
+        env["PYSPEC_SOAK_PROBE_TRACEMALLOC"] = "1" if args.probe == "tracemalloc" else "0"
+    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         deadline = time.monotonic() + 600
         while True:
@@ -160,7 +212,25 @@ def main(argv: list[str] | None = None) -> int:
         client = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=600)
         outcomes: dict[str, int] = {"ok": 0, "cancelled": 0, "failed": 0}
         failures: list[str] = []
-        memory: dict[str, Any] = {}
+        memory: dict[str, Any] = {"timeline": []}
+
+        def sample(done: int) -> dict[str, Any]:
+            """The server's memory, pool and draft version now (after `done` requests)."""
+            point = {"requests": done, "seconds": round(time.monotonic() - t0, 1), **rss_split_kib(server.pid),
+                     "pool_phrases": metric(base_url, "pyspec_pool_phrases"),
+            "pool_bytes": metric(base_url, "pyspec_pool_bytes"),
+            "pool_capacity": metric(base_url, "pyspec_pool_capacity"),
+            "settings": {"online": not args.no_online, "pool_file": not args.no_pool_file, "pace": args.pace,
+                         "online_interval": args.online_interval, "pool_save_interval": args.pool_save_interval,
+                         "pool_capacity": args.pool_capacity},
+                     "pool_bytes": metric(base_url, "pyspec_pool_bytes"),
+                     "draft_version": metric(base_url, "pyspec_draft_version", '{slot=""}'),
+                     "trainer_kib": [rss_kib(c) for c in children(server.pid)]}
+            if args.probe:
+                point["probe"] = probe_server(server.pid, probe)
+            memory["timeline"].append(point)
+            return point
+
         lock = threading.Lock()
         next_index = iter(range(args.requests))
         t0 = time.monotonic()
@@ -185,9 +255,12 @@ def main(argv: list[str] | None = None) -> int:
                     if done == 50:
                         memory["after_50_kib"] = rss_kib(server.pid)
                         memory["trainer_after_50_kib"] = [rss_kib(c) for c in children(server.pid)]
-                    if done % 50 == 0:
-                        print(f"{done} requests, {time.monotonic() - t0:.0f} s, server RSS {rss_kib(server.pid)} KiB, "
-                              f"{outcomes}", flush=True)
+                    if done % args.sample_every == 0:
+                        point = sample(done)
+                        print(f"{done} requests, {point['seconds']:.0f} s, server RSS {point['rss_kib']} KiB "
+                              f"(anonymous {point['anon_kib']}), pool {point['pool_phrases']:.0f} phrases "
+                              f"{point['pool_bytes'] / 1e6:.2f} MB, draft v{point['draft_version']:.0f}, {outcomes}",
+                              flush=True)
 
         threads = [threading.Thread(target=client_loop, args=(k,)) for k in range(args.clients)]
         for t in threads:
@@ -200,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(1)
         memory["end_kib"] = rss_kib(server.pid)
         memory["trainer_processes_kib"] = [rss_kib(c) for c in children(server.pid)]
+        memory["end"] = sample(sum(outcomes.values()))
         report = {
             "models": "tiny" if args.tiny else f"{args.target} + {args.draft}",
             "requests": args.requests, "clients": args.clients, "seconds": time.monotonic() - t0,
@@ -211,6 +285,11 @@ def main(argv: list[str] | None = None) -> int:
             "pool_saves": metric(base_url, "pyspec_pool_saves_total"),
             "pool_save_errors": metric(base_url, "pyspec_pool_save_errors_total"),
             "pool_phrases": metric(base_url, "pyspec_pool_phrases"),
+            "pool_bytes": metric(base_url, "pyspec_pool_bytes"),
+            "pool_capacity": metric(base_url, "pyspec_pool_capacity"),
+            "settings": {"online": not args.no_online, "pool_file": not args.no_pool_file, "pace": args.pace,
+                         "online_interval": args.online_interval, "pool_save_interval": args.pool_save_interval,
+                         "pool_capacity": args.pool_capacity},
             "cancelled_by_server": metric(base_url, "pyspec_requests_total", '{endpoint="chat",outcome="cancelled"}'),
             "memory": memory,
             "rss_end_over_after_50": memory["end_kib"] / memory["after_50_kib"],
@@ -225,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         log.close()
     report["server_exit_code"] = code
     report["pool_file_after_exit"] = os.path.getsize(work / "pool.bin") if (work / "pool.bin").exists() else None
+    report["work_dir"] = str(work)
     report["verdict"] = {"zero_failures": outcomes["failed"] == 0,
                          "rss_within_10_percent": report["rss_end_over_after_50"] <= 1.10}
     print(json.dumps(report, indent=2))
