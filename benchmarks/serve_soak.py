@@ -163,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="requests between two samples of the server's memory and pool (default 50)")
     p.add_argument("--probe", choices=["malloc", "tracemalloc"], default=None,
                    help="at each sample, also the server's allocator totals (glibc mallinfo2) and, with "
-                        "tracemalloc, its Python allocations and where they grew (benchmarks/soak_probe; slower)")
+                        "tracemalloc, its Python allocations and where they grew (benchmarks/soak_probe; slower, "
+                        "and tracemalloc's own memory makes the resident-memory verdict meaningless)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
 
