@@ -5,7 +5,8 @@
 #
 #   scripts/sanitize.sh                  # everything (C++ tests, then the Python tests)
 #   scripts/sanitize.sh cpp              # the C++ tests only
-#   scripts/sanitize.sh python [ARGS]    # the Python tests only; ARGS go to pytest
+#   scripts/sanitize.sh python [ARGS]    # the Python tests only; ARGS go to pytest (test paths
+#                                        # relative to the repository, e.g. tests/test_auto.py)
 #
 # Needs the environment the tests need (pip install -e ".[test]" or ".[test]"), gcc/clang with
 # the sanitizer runtimes, and runs under /work/tools/heavy on the shared development machine.
@@ -67,10 +68,20 @@ if [ "$WHAT" = all ] || [ "$WHAT" = python ]; then
 import sys
 sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "ScikitBuildRedirectingFinder"]
 EOF
-  RUNTIME=$(${CXX:-c++} -print-file-name=libasan.so)
+  # The ASan runtime first, then libstdc++: ASan's interceptor of __cxa_throw looks up the real
+  # one when the runtime starts, and the interpreter does not link libstdc++ (the extension loads
+  # it later), so without it the first C++ exception stops the process with "AddressSanitizer:
+  # CHECK failed ... real___cxa_throw" instead of becoming a Python exception.
+  RUNTIME="$(${CXX:-c++} -print-file-name=libasan.so) $(${CXX:-c++} -print-file-name=libstdc++.so.6)"
   export PYTHONPATH=$STAGE
   export LD_LIBRARY_PATH=$SITE/llama_cpp/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1
+  # pytest captures the tests' stderr at the file-descriptor level, and a process that aborts takes
+  # that captured output with it, so the reports must go elsewhere: ASan's to files (log_path, one
+  # per process, child processes included), UBSan's (which ignores log_path when it runs inside
+  # ASan) to the pytest log, with pytest capturing only Python's sys.stderr (--capture=sys).
+  # Child processes' stderr is read by the tests that start them, which fail on the abort.
+  export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:log_path=$LOGS/asan
+  export UBSAN_OPTIONS=$UBSAN_OPTIONS:abort_on_error=1
   # From the stage: `python -c` and `python -m` put the working directory first on sys.path, and
   # the repository root would give the source tree (without any _core).
   cd "$STAGE"
@@ -78,15 +89,24 @@ EOF
 import pyspec._core as core, sys
 assert core.__file__.startswith('$STAGE'), core.__file__
 print('sanitized extension:', core.__file__)"
-  nm -D "$STAGE"/pyspec/_core*.so | grep -q __asan_report || { echo "the staged _core is not instrumented"; exit 1; }
-  LD_PRELOAD=$RUNTIME $PY -m pytest -q -p no:cacheprovider --rootdir "$ROOT" -c "$ROOT/pyproject.toml" \
-    -m "not model" --deselect tests/test_cpp.py::test_cpp_unit_tests "$ROOT/tests" \
-    "$@" >"$LOGS/pytest.txt" 2>&1 || status=1
+  # grep without -q: with pipefail, -q's early exit would fail the pipeline on nm's SIGPIPE.
+  nm -D "$STAGE"/pyspec/_core*.so | grep __asan_report >/dev/null || { echo "the staged _core is not instrumented"; exit 1; }
+  # Test paths in ARGS are relative to the repository (pytest runs from the stage); without any,
+  # the whole of tests/.
+  args=()
+  paths=0
+  for a in "$@"; do
+    if [[ $a != -* && -e $ROOT/${a%%::*} ]]; then args+=("$ROOT/$a"); paths=1; else args+=("$a"); fi
+  done
+  [ $paths = 1 ] || args+=("$ROOT/tests")
+  LD_PRELOAD=$RUNTIME $PY -m pytest -q -p no:cacheprovider --capture=sys --rootdir "$ROOT" -c "$ROOT/pyproject.toml" \
+    -m "not model" --deselect tests/test_cpp.py::test_cpp_unit_tests "${args[@]}" >"$LOGS/pytest.txt" 2>&1 || status=1
   cd "$ROOT"
   tail -n 3 "$LOGS/pytest.txt"
 fi
 
-findings=$(cat "$LOGS"/*.txt | grep -c -E "ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:" || true)
+# A report, or a failed internal check of a sanitizer runtime (which also stops the process).
+findings=$(cat "$LOGS"/* | grep -c -E "ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:|Sanitizer: CHECK failed" || true)
 echo "== sanitizer reports: $findings (logs in $LOGS)"
 [ "$findings" -eq 0 ] || status=1
 exit $status
