@@ -257,18 +257,23 @@ def test_head_gguf_round_trip(head_files: dict[str, object]) -> None:
 
 def test_train_head_command_makes_data_trains_resumes_and_exports(tmp_path: Path, tiny_target: str) -> None:
     """`pyspec train-head` end to end on the tiny target (HumanEval prompts through its chat
-    template): data, training, held-out report, the GGUF; a second run resumes (no new data, no
-    new steps) and `pyspec generate --head` drafts with the result."""
+    template): data, training stopped by --time-budget and resumed, held-out report, the GGUF; a
+    third run finds nothing to do, and `pyspec generate --head` drafts with the result."""
     import json
 
     args = ["train-head", "--target", tiny_target, "--data", str(tmp_path / "data"), "--out", str(tmp_path / "h.gguf"),
             "--prompts", "humaneval[0:8]", "--max-tokens", "24", "--kept-vocab", "200", "--epochs", "3",
             "--batch-size", "32", "--eval-fraction", "0.25", "--eval-every", "5", "--dtype", "f32", "--threads", "2",
             "--json"]
+    partial = pyspec_cli(*args, "--time-budget", "0")  # one step, a checkpoint, no head yet
+    assert partial.returncode == 0, partial.stderr
+    report = json.loads(partial.stdout)
+    assert report["data_made"] == 8 + 3  # greedy for 8 prompts, sampled for every 3rd
+    assert report["step"] == 1 and not report["finished"] and not (tmp_path / "h.gguf").exists()
     first = pyspec_cli(*args)
     assert first.returncode == 0, first.stderr
     report = json.loads(first.stdout)
-    assert report["data_made"] == 8 + 3  # greedy for 8 prompts, sampled for every 3rd
+    assert report["data_made"] == 0 and report["finished"] and report["step"] == report["total_steps"] > 1
     assert report["kept_vocab"] == 200 and 0 < report["coverage_train"] <= 1
     assert report["n_held_out_sequences"] > 0 and "acc" in report["history"][-1]
     steps = report["history"][-1]["step"]

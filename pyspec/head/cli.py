@@ -106,12 +106,15 @@ def run_train_head(args: argparse.Namespace) -> dict[str, Any]:
             bar.write(f"step {step}: held-out loss {entry['loss']:.3f}, acc@1..{config.depth} {entry['acc']}, "
                       f"chain@1..{config.depth} {entry['chain']}", file=sys.stderr)
 
-    state = train_head(head, train_ex, held_ex, config, work, on_step=on_step, on_eval=on_eval)
+    state = train_head(head, train_ex, held_ex, config, work, on_step=on_step, on_eval=on_eval,
+                       max_seconds=args.time_budget)
     bar.close()
     report["train_seconds"] = round(time.time() - t1, 1)
     report["history"] = state.history
-    export_head(head, weights.info, out, dtype=args.dtype)
-    report["head_bytes"] = out.stat().st_size
+    report.update(step=state.step, total_steps=state.total, finished=state.finished)
+    if state.finished:
+        export_head(head, weights.info, out, dtype=args.dtype)
+        report["head_bytes"] = out.stat().st_size
     write_report(work / "report.json", report)
     return report
 
@@ -127,6 +130,9 @@ def _cmd_train_head(args: argparse.Namespace) -> int:
     report = run_train_head(args)
     if args.json:
         print(json.dumps(report))
+    elif not report["finished"]:
+        print(f"stopped at step {report['step']} of {report['total_steps']} (--time-budget); the checkpoint is in "
+              f"the work directory: run the same command again to continue")
     else:
         last = report["history"][-1] if report["history"] else {}
         print(f"head written to {report['out']} ({report['head_bytes'] / 1e6:.1f} MB); kept vocabulary "
@@ -169,6 +175,8 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--eval-every", type=int, default=100, help="steps between held-out evaluations")
     p.add_argument("--dtype", choices=["f32", "f16", "q8_0"], default="q8_0", help="matrix type in the GGUF")
     p.add_argument("--work-dir", default=None, help="checkpoints, kept vocabulary, report (default OUT.work)")
+    p.add_argument("--time-budget", type=float, default=None,
+                   help="stop training after this many seconds with a checkpoint (run again to continue)")
     p.add_argument("--threads", type=int, default=None, help="llama.cpp threads for the data")
     p.add_argument("--train-threads", type=int, default=0, help="torch threads (default: torch's choice)")
     p.add_argument("--n-ctx", type=int, default=4096)

@@ -178,7 +178,12 @@ def evaluate(head: RecurrentHead, ex: Examples, batch_size: int = 256) -> dict[s
 @dataclass
 class TrainState:
     step: int = 0
+    total: int = 0          # steps of the whole run
     history: list[dict[str, object]] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return self.step >= self.total
 
 
 def train_head(
@@ -190,12 +195,16 @@ def train_head(
     *,
     on_step: Callable[[int, int, float], None] | None = None,
     on_eval: Callable[[int, dict[str, object]], None] | None = None,
+    max_seconds: float | None = None,
 ) -> TrainState:
     """Trains `head` in place; resumes from work_dir/checkpoint.pt when present.
 
     Returns the state with the evaluation history (one entry per evaluation: step, seconds,
-    train loss, held-out metrics). on_step(step, total, loss) after every step.
+    train loss, held-out metrics). on_step(step, total, loss) after every step. max_seconds:
+    stop (with a checkpoint) once this much time has passed; `finished` then says whether the
+    run is complete, and a later call continues it.
     """
+    started = time.monotonic()
     if config.threads > 0:
         torch.set_num_threads(config.threads)
     work = Path(work_dir)
@@ -205,14 +214,14 @@ def train_head(
     opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
     steps_per_epoch = max(1, math.ceil(train.n / config.batch_size))
     total = max(1, int(round(config.epochs * steps_per_epoch)))
-    state = TrainState()
+    state = TrainState(total=total)
     if ckpt_path.exists():
         ckpt = torch.load(ckpt_path, weights_only=False)
         if ckpt["config"] != asdict(config):
             raise ValueError(f"{ckpt_path} was made with other settings {ckpt['config']}; use another work dir")
         head.load_state_dict(ckpt["head"])
         opt.load_state_dict(ckpt["optimizer"])
-        state = TrainState(step=ckpt["step"], history=ckpt["history"])
+        state = TrainState(step=ckpt["step"], total=total, history=ckpt["history"])
         log.info("resuming from step %d of %d", state.step, total)
 
     def lr_at(step: int) -> float:
@@ -266,8 +275,11 @@ def train_head(
             on_step(state.step, total, value)
         if state.step % config.eval_every == 0 or state.step == total:
             run_eval(running)
-        if state.step % config.checkpoint_every == 0 or state.step == total:
+        out_of_time = max_seconds is not None and time.monotonic() - started > max_seconds
+        if state.step % config.checkpoint_every == 0 or state.step == total or out_of_time:
             save()
+        if out_of_time:
+            break
     return state
 
 
