@@ -285,3 +285,28 @@ def test_train_head_command_makes_data_trains_resumes_and_exports(tmp_path: Path
                      "--max-tokens", "16", "--method", "redrafter", "--beams", "2", "--json")
     assert gen.returncode == 0, gen.stderr
     assert json.loads(gen.stdout)["head_version"] == 1
+
+
+def test_online_fine_tuning_of_the_head(tiny_target: str, head_files: dict[str, object]) -> None:
+    """The draft model's online loop (OnlineDistiller) trains the head too: requests are served
+    with method redrafter, an update trains the head in the training process on the target's
+    hidden states and distributions, the new head is reloaded; outputs stay the target's."""
+    from pyspec.head.online import HeadDistiller
+    from pyspec.online.config import DistillConfig
+
+    with pyspec.Engine(tiny_target, n_ctx=1024, n_threads=1, head=head_files["files"]["untrained"]) as engine:
+        distiller = HeadDistiller(engine, DistillConfig(lr=3e-3, positions="all", epochs=4, train_threads=1,
+                                                        export_dtype="f32"), update_interval=100)
+        try:
+            before = [distiller.generate(p, max_tokens=48) for p in PROMPTS]
+            assert all(r.head_version == 1 for r in before)
+            assert distiller.update_now(wait=True, timeout=300), distiller.stats().last_error
+            stats = distiller.stats()
+            assert stats.draft_version == engine.head_version == 2 and stats.n_updates == 1
+            assert stats.last_report.loss_after < stats.last_report.loss_before
+            after = [distiller.generate(p, max_tokens=48) for p in PROMPTS]
+            assert all(r.head_version == 2 for r in after)
+            for p, r in zip(PROMPTS, after):
+                assert r.tokens == engine.generate(p, max_tokens=48, method="none").tokens
+        finally:
+            distiller.close()

@@ -44,6 +44,10 @@ class TraceSample:
     top_probs: np.ndarray  # [n_rows, k] float32: their probabilities (temperature 1; sum <= 1)
     request: int = 0       # index of the request in the stream that produced it (for max_age)
     domain: str = ""
+    # [n_rows, n_hidden] float16 or None: for drafters that read the target's hidden state (a
+    # draft head), the target's hidden state of row r - 1 for each row r (the row that chose
+    # tokens[r]), what the drafter would draft tokens[r + 1] from
+    hidden: np.ndarray | None = None
 
     @property
     def n_rows(self) -> int:

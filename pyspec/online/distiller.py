@@ -136,12 +136,10 @@ class OnlineDistiller:
             raise ValueError(f"window must be >= 1, got {window}")
         if history_limit < 0:
             raise ValueError(f"history_limit must be >= 0, got {history_limit}")
-        if draft not in engine.draft_paths:
-            raise ValueError(f"the engine has no draft model in slot {draft!r} to distil "
-                             f"(slots: {sorted(engine.draft_paths)})")
         self.engine = engine
-        self.config = config or DistillConfig()
         self.draft = draft
+        self._check_drafter()
+        self.config = config or DistillConfig()
         self.update_interval = update_interval
         self.buffer = ReplayBuffer(buffer_limit, max_age,
                                    rehearsal_limit=self.config.rehearsal_limit if self.config.rehearsal > 0 else 0,
@@ -170,6 +168,32 @@ class OnlineDistiller:
         self._worker: threading.Thread | None = None
         # Started now, so that it loads the draft while the first requests are served.
         self._trainer: TrainerProcess | None = self._start_trainer()
+
+    # -- what is trained: one of the engine's draft slots (a subclass may train another drafter,
+    # e.g. pyspec.head.online.HeadDistiller the engine's draft head) ---------------------------
+
+    def _check_drafter(self) -> None:
+        if self.draft not in self.engine.draft_paths:
+            raise ValueError(f"the engine has no draft model in slot {self.draft!r} to distil "
+                             f"(slots: {sorted(self.engine.draft_paths)})")
+
+    def _serving_path(self) -> str:
+        """The file of the drafter now serving (training starts, and restarts, from it)."""
+        return self.engine.draft_paths[self.draft]
+
+    def _reload(self, path: Path) -> int:
+        """Installs a trained file in the engine; returns the drafter's new version."""
+        return self.engine.reload_draft(path, name=self.draft)
+
+    def _serving_version(self) -> int:
+        return self.engine.draft_versions.get(self.draft, 0)
+
+    def _drafted_version(self, result: GenerationResult) -> int:
+        """Version of this distiller's drafter that drafted `result` (0: it did not draft)."""
+        return result.draft_version
+
+    def _describe(self) -> str:
+        return f"draft slot {self.draft!r}"
 
     # -- serving ---------------------------------------------------------------------------
 
@@ -204,9 +228,10 @@ class OnlineDistiller:
             self.buffer.add(sample)
         else:
             self.buffer.expire(index)
-        drafted = result.draft_version > 0
+        version = self._drafted_version(result)
+        drafted = version > 0
         record = RequestRecord(
-            index=index, domain=domain, draft_version=result.draft_version,
+            index=index, domain=domain, draft_version=version,
             n_drafted=result.stats.n_drafted if drafted else 0,
             n_accepted=result.stats.n_accepted if drafted else 0,
             n_generated=result.stats.n_generated, n_positions=sample.n_rows if sample else 0,
@@ -269,7 +294,7 @@ class OnlineDistiller:
             self._own_dir.cleanup()
 
     def _start_trainer(self) -> TrainerProcess:
-        return TrainerProcess(self.engine.draft_paths[self.draft], self.config, self.work_dir,
+        return TrainerProcess(self._serving_path(), self.config, self.work_dir,
                               name=self.draft or "default", factory=self.factory)
 
     def _start_update(self) -> None:  # with self._lock held
@@ -293,14 +318,14 @@ class OnlineDistiller:
                     self._trainer = self._start_trainer()
                 result = self._trainer.update(samples, rehearsed).result()
             written = Path(result.path)
-            version = self.engine.reload_draft(written, name=self.draft)
+            version = self._reload(written)
         except Exception as exc:  # reported, never raised: serving goes on with the old draft
-            log.error("draft update of slot %r failed; the old draft keeps serving: %s", self.draft, exc)
+            log.error("update of %s failed; the old draft keeps serving: %s", self._describe(), exc)
             if written is not None:
                 written.unlink(missing_ok=True)
             if self._trainer is not None and not isinstance(exc, TrainerExitedError):
                 # Training continues from the weights that serve, not from the ones that failed.
-                self._trainer.reset(self.engine.draft_paths[self.draft]).add_done_callback(_log_failed_reset)
+                self._trainer.reset(self._serving_path()).add_done_callback(_log_failed_reset)
             with self._lock:
                 self._n_failed += 1
                 self._last_error = f"{type(exc).__name__}: {exc}"
@@ -310,8 +335,8 @@ class OnlineDistiller:
             return
         self.buffer.release(samples)
         report = result.report
-        log.info("draft slot %r: version %d from %d samples (%d positions, %d rehearsed), loss %.4f -> %.4f "
-                 "in %.1f s + %.1f s export", self.draft, version, report.n_samples, report.n_positions,
+        log.info("%s: version %d from %d samples (%d positions, %d rehearsed), loss %.4f -> %.4f "
+                 "in %.1f s + %.1f s export", self._describe(), version, report.n_samples, report.n_positions,
                  report.n_rehearsed, report.loss_before, report.loss_after, report.seconds, report.export_seconds)
         with self._lock:
             self._written.append(written)
@@ -336,7 +361,7 @@ class OnlineDistiller:
         with self._lock:
             return DistillerStats(
                 draft=self.draft,
-                draft_version=self.engine.draft_versions.get(self.draft, 0),
+                draft_version=self._serving_version(),
                 n_requests=self._n_requests,
                 n_updates=self._n_updates,
                 n_failed_updates=self._n_failed,
