@@ -37,6 +37,16 @@ def tiny_prompts(n: int, seed: int = 0) -> list[Prompt]:
     return [Prompt(id=f"tiny/{i}", suite="tiny", text=" ".join(rng.choice(WORDS, 6)), messages=[]) for i in range(n)]
 
 
+def test_plans_name_sequences_by_prompt_not_by_place() -> None:
+    """A plan over more prompts, in another order, names the same sequences (so a data
+    directory made for a smaller plan is reused), and greedy answers are planned for every prompt."""
+    small = plan_sequences(tiny_prompts(10), (0.0, 1.0), 2)
+    large = plan_sequences(list(reversed(tiny_prompts(30))), (0.0, 1.0), 2)
+    assert {spec.key for _, spec in small} < {spec.key for _, spec in large}
+    assert sum(spec.temperature == 0 for _, spec in large) == 30
+    assert 0 < sum(spec.temperature > 0 for _, spec in large) < 30
+
+
 @pytest.fixture(scope="module")
 def head_files(tmp_path_factory: pytest.TempPathFactory, tiny_target: str) -> dict[str, object]:
     """An untrained and a trained head for the tiny target (data made by the target: greedy and
@@ -257,18 +267,32 @@ def test_head_gguf_round_trip(head_files: dict[str, object]) -> None:
 
 def test_train_head_command_makes_data_trains_resumes_and_exports(tmp_path: Path, tiny_target: str) -> None:
     """`pyspec train-head` end to end on the tiny target (HumanEval prompts through its chat
-    template): data, training stopped by --time-budget and resumed, held-out report, the GGUF; a
-    third run finds nothing to do, and `pyspec generate --head` drafts with the result."""
+    template): data and training each stopped by --time-budget and resumed, held-out report, the
+    GGUF; a last run finds nothing to do, and `pyspec generate --head` drafts with the result."""
     import json
+
+    from pyspec.head.data import load_prompt_slices
 
     args = ["train-head", "--target", tiny_target, "--data", str(tmp_path / "data"), "--out", str(tmp_path / "h.gguf"),
             "--prompts", "humaneval[0:8]", "--max-tokens", "24", "--kept-vocab", "200", "--epochs", "3",
             "--batch-size", "32", "--eval-fraction", "0.25", "--eval-every", "5", "--dtype", "f32", "--threads", "2",
             "--json"]
+    plan = plan_sequences(load_prompt_slices(["humaneval[0:8]"]), (0.0, 0.8), 3)
+    assert 8 < len(plan) < 16 and sum(spec.temperature == 0 for _, spec in plan) == 8  # greedy for all, some sampled
+    no_time = pyspec_cli(*args, "--time-budget", "0")  # one sequence (every run makes progress), no training
+    assert no_time.returncode == 0, no_time.stderr
+    report = json.loads(no_time.stdout)
+    assert report["data_made"] == 1 and report["data_planned"] == len(plan)
+    assert report["total_steps"] is None and not report["finished"]
+    assert len(list((tmp_path / "data").glob("*.npz"))) == 1
+    # The rest of the same plan through the library (what the command's next run would make).
+    with pyspec.Engine(tiny_target, n_ctx=4096, n_threads=2) as engine:
+        made = make_training_data(engine, plan, tmp_path / "data", DataConfig(max_tokens=24))
+    assert made == (len(plan) - 1, True)
     partial = pyspec_cli(*args, "--time-budget", "0")  # one step, a checkpoint, no head yet
     assert partial.returncode == 0, partial.stderr
     report = json.loads(partial.stdout)
-    assert report["data_made"] == 8 + 3  # greedy for 8 prompts, sampled for every 3rd
+    assert report["data_made"] == 0
     assert report["step"] == 1 and not report["finished"] and not (tmp_path / "h.gguf").exists()
     first = pyspec_cli(*args)
     assert first.returncode == 0, first.stderr

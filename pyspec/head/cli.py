@@ -49,17 +49,24 @@ def run_train_head(args: argparse.Namespace) -> dict[str, Any]:
     report: dict[str, Any] = {"target": os.path.basename(target), "data": str(data_dir), "out": str(out)}
 
     # 1. Data: the target's answers, hidden states and distributions (missing sequences only).
+    # --time-budget covers data and training together: a run out of time while making data stops
+    # there (no training), and the next run makes the rest.
     t0 = time.time()
+    deadline = time.monotonic() + args.time_budget if args.time_budget is not None else None
     if args.prompts:
         groups = [load_prompt_slices([spec]) for spec in args.prompts]
         plan = plan_sequences(_interleave(groups), args.temperatures, args.sampled_every)
         bar = _progress("data")
         bar.total = len(plan)
         with Engine(target, n_threads=args.threads, n_ctx=args.n_ctx) as engine:
-            made = make_training_data(engine, plan, data_dir, DataConfig(max_tokens=args.max_tokens),
-                                      on_sequence=lambda done, total: bar.update(done - bar.n))
+            made, complete = make_training_data(engine, plan, data_dir, DataConfig(max_tokens=args.max_tokens),
+                                                on_sequence=lambda done, total: bar.update(done - bar.n),
+                                                deadline=deadline)
         bar.close()
-        report["data_made"] = made
+        report.update(data_made=made, data_planned=len(plan))
+        if not complete:
+            report.update(data_seconds=round(time.time() - t0, 1), finished=False, step=0, total_steps=None)
+            return report
     report["data_seconds"] = round(time.time() - t0, 1)
     sequences = list(iter_sequences(data_dir))
     if not sequences:
@@ -106,8 +113,8 @@ def run_train_head(args: argparse.Namespace) -> dict[str, Any]:
             bar.write(f"step {step}: held-out loss {entry['loss']:.3f}, acc@1..{config.depth} {entry['acc']}, "
                       f"chain@1..{config.depth} {entry['chain']}", file=sys.stderr)
 
-    state = train_head(head, train_ex, held_ex, config, work, on_step=on_step, on_eval=on_eval,
-                       max_seconds=args.time_budget)
+    left = None if deadline is None else max(0.0, deadline - time.monotonic())
+    state = train_head(head, train_ex, held_ex, config, work, on_step=on_step, on_eval=on_eval, max_seconds=left)
     bar.close()
     report["train_seconds"] = round(time.time() - t1, 1)
     report["history"] = state.history
@@ -130,6 +137,9 @@ def _cmd_train_head(args: argparse.Namespace) -> int:
     report = run_train_head(args)
     if args.json:
         print(json.dumps(report))
+    elif not report["finished"] and report["total_steps"] is None:
+        print(f"stopped making data (--time-budget): {report['data_made']} sequences made now, "
+              f"{report['data_planned']} planned; run the same command again to continue")
     elif not report["finished"]:
         print(f"stopped at step {report['step']} of {report['total_steps']} (--time-budget); the checkpoint is in "
               f"the work directory: run the same command again to continue")
@@ -176,7 +186,9 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--dtype", choices=["f32", "f16", "q8_0"], default="q8_0", help="matrix type in the GGUF")
     p.add_argument("--work-dir", default=None, help="checkpoints, kept vocabulary, report (default OUT.work)")
     p.add_argument("--time-budget", type=float, default=None,
-                   help="stop training after this many seconds with a checkpoint (run again to continue)")
+                   help="stop after this many seconds, data and training together: before the next sequence "
+                        "while making data, with a checkpoint while training (run the same command again to "
+                        "continue)")
     p.add_argument("--threads", type=int, default=None, help="llama.cpp threads for the data")
     p.add_argument("--train-threads", type=int, default=0, help="torch threads (default: torch's choice)")
     p.add_argument("--n-ctx", type=int, default=4096)

@@ -23,6 +23,8 @@ import json
 import logging
 import os
 import re
+import time
+import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
@@ -155,13 +157,21 @@ def iter_sequences(data_dir: str | os.PathLike[str]) -> Iterator[HeadSequence]:
 def plan_sequences(prompts: Sequence["Prompt"], temperatures: Sequence[float], sampled_every: int = 1
                    ) -> list[tuple["Prompt", SequenceSpec]]:
     """Greedy (temperature 0) answers for every prompt, sampled ones (each temperature > 0) for
-    every `sampled_every`-th prompt; seeds are the prompt's index, so a plan is reproducible."""
+    about one prompt in `sampled_every`. Which prompts, and the seeds, are functions of the prompt
+    id alone (prompt_seed), not of its place in the list: a plan over more prompts, or over the
+    same prompts in another order, names the same sequences, so its data is reused."""
     plan = []
-    for i, prompt in enumerate(prompts):
+    for prompt in prompts:
+        seed = prompt_seed(prompt.id)
         for t in temperatures:
-            if t == 0.0 or i % sampled_every == 0:
-                plan.append((prompt, SequenceSpec(prompt.id, float(t), seed=i)))
+            if t == 0.0 or seed % sampled_every == 0:
+                plan.append((prompt, SequenceSpec(prompt.id, float(t), seed=seed)))
     return plan
+
+
+def prompt_seed(prompt_id: str) -> int:
+    """A stable seed per prompt id (CRC-32, the same in every process and version)."""
+    return zlib.crc32(prompt_id.encode("utf-8"))
 
 
 def make_training_data(
@@ -171,10 +181,13 @@ def make_training_data(
     config: DataConfig = DataConfig(),
     *,
     on_sequence: Callable[[int, int], None] | None = None,
-) -> int:
+    deadline: float | None = None,
+) -> tuple[int, bool]:
     """Writes one file per planned sequence into out_dir, skipping those already there.
 
-    Returns the number of sequences made now. on_sequence(done, total) reports progress.
+    Returns the number of sequences made now and whether the plan is complete: with `deadline`
+    (a time.monotonic() value) no sequence but the first is started after it (every call makes
+    progress), and a later call with the same plan makes the rest. on_sequence(done, total) reports progress.
     The directory records the target and settings in meta.json; a directory made for another
     target or with other settings is refused (ValueError) rather than mixed.
     """
@@ -192,9 +205,11 @@ def make_training_data(
     for done, (prompt, spec) in enumerate(plan):
         path = out / f"{spec.key}.npz"
         if not path.exists():
+            if made > 0 and deadline is not None and time.monotonic() > deadline:
+                return made, False
             tokens = engine.prompt_tokens(prompt.render(config.chat))
             save_sequence(make_sequence(engine, tokens, spec, config), path)
             made += 1
         if on_sequence:
             on_sequence(done + 1, len(plan))
-    return made
+    return made, True
