@@ -289,7 +289,8 @@ def test_train_head_command_makes_data_trains_resumes_and_exports(tmp_path: Path
     with pyspec.Engine(tiny_target, n_ctx=4096, n_threads=2) as engine:
         made = make_training_data(engine, plan, tmp_path / "data", DataConfig(max_tokens=24))
     assert made == (len(plan) - 1, True)
-    partial = pyspec_cli(*args, "--time-budget", "0")  # one step, a checkpoint, no head yet
+    # One step, a checkpoint, no head yet; the next run resumes with other torch threads.
+    partial = pyspec_cli(*args, "--time-budget", "0", "--train-threads", "1")
     assert partial.returncode == 0, partial.stderr
     report = json.loads(partial.stdout)
     assert report["data_made"] == 0

@@ -175,6 +175,13 @@ def evaluate(head: RecurrentHead, ex: Examples, batch_size: int = 256) -> dict[s
             "chain": (chain / counted).round(4).tolist()}
 
 
+def _training_settings(config: dict[str, object]) -> dict[str, object]:
+    """The settings a resumed run must share with the checkpoint: all but the thread count,
+    which changes how fast the run goes, not what it computes (a run resumed on a busier or
+    quieter machine may use other threads)."""
+    return {k: v for k, v in config.items() if k != "threads"}
+
+
 @dataclass
 class TrainState:
     step: int = 0
@@ -217,7 +224,7 @@ def train_head(
     state = TrainState(total=total)
     if ckpt_path.exists():
         ckpt = torch.load(ckpt_path, weights_only=False)
-        if ckpt["config"] != asdict(config):
+        if _training_settings(ckpt["config"]) != _training_settings(asdict(config)):
             raise ValueError(f"{ckpt_path} was made with other settings {ckpt['config']}; use another work dir")
         head.load_state_dict(ckpt["head"])
         opt.load_state_dict(ckpt["optimizer"])
