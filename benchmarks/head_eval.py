@@ -59,7 +59,9 @@ def record_path(out: Path, prompt_id: str) -> Path:
 def run_quality(args: argparse.Namespace) -> None:
     out = Path(args.out) / "quality"
     out.mkdir(parents=True, exist_ok=True)
-    prompts = load_prompt_slices(args.prompts)
+    # Suites round-robin, so that a run stopped early (--limit) has some prompts of each.
+    groups = [load_prompt_slices([spec]) for spec in args.prompts]
+    prompts = [g[i] for i in range(max(map(len, groups))) for g in groups if i < len(g)]
     keys = [(m, k, length) for m in args.methods for k, length in SHAPES]
 
     def missing(p: Any) -> list[tuple[str, int, int]]:
