@@ -73,7 +73,10 @@ def run_quality(args: argparse.Namespace) -> None:
     if not todo:
         print("all prompts done")
         return
-    with Engine(args.target, draft=args.draft, head=args.head, n_ctx=4096, n_threads=args.threads) as engine:
+    if "redrafter" in args.methods and not args.head:
+        raise SystemExit("--methods redrafter needs --head")
+    head = args.head if "redrafter" in args.methods else None
+    with Engine(args.target, draft=args.draft, head=head, n_ctx=4096, n_threads=args.threads) as engine:
         for p in todo:
             path = record_path(out, p.id)
             record: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {"id": p.id, "suite": p.suite}
@@ -265,7 +268,7 @@ def main() -> None:
         p.add_argument("--out", required=True)
         if mode == "report":
             continue
-        p.add_argument("--head", required=True)
+        p.add_argument("--head", required=mode == "speed", help="head GGUF (quality: needed for redrafter)")
         p.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
         p.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
         p.add_argument("--prompts", action="append", default=None)
