@@ -87,16 +87,29 @@ def run_quality(args: argparse.Namespace) -> None:
                 r = engine.generate(p.messages, max_tokens=args.max_tokens, method=method, beams=k,
                                     beam_length=length)
                 s = r.stats
-                record[f"{method}:{k}x{length}"] = {
+                record[f"{method}:{k}x{length}"] = entry = {
                     "tokens_per_target_call": s.tokens_per_target_call, "n_generated": s.n_generated,
                     "n_target_calls": s.n_target_calls, "n_accepted": s.n_accepted, "n_drafted": s.n_drafted,
                     "n_candidate_tokens": s.n_candidate_tokens, "n_empty_drafts": s.n_empty_drafts,
                     "depth_counts": depth_counts(s.accept_histogram, s.n_empty_drafts),
                     "identical": list(r.tokens) == record["plain_tokens"],
                 }
+                if not entry["identical"]:
+                    entry["divergence"] = divergence(engine, p.messages, record["plain_tokens"], list(r.tokens))
                 path.write_text(json.dumps(record))
             print(p.id, {key: round(v["tokens_per_target_call"], 2) for key, v in record.items() if isinstance(v, dict)},
                   flush=True)
+
+
+def divergence(engine: Engine, messages: Any, plain: list[int], other: list[int]) -> dict[str, Any]:
+    """Where `other` first leaves plain decoding's tokens, and the target's top-2 logit gap there
+    (evaluated from scratch on the common prefix): a gap < 0.25 is a near-tie that batched and
+    one-token logits can flip on this backend."""
+    i = next((j for j, (a, b) in enumerate(zip(plain, other)) if a != b), min(len(plain), len(other)))
+    logits = engine.evaluate(engine.prompt_tokens(messages) + plain[:i])[-1]
+    top2 = np.sort(logits)[-2:]
+    return {"index": i, "plain": plain[i] if i < len(plain) else None, "other": other[i] if i < len(other) else None,
+            "top2_gap": float(top2[1] - top2[0])}
 
 
 def median_ms(fn: Callable[[], object], repeats: int) -> float:
@@ -173,7 +186,11 @@ def report(args: argparse.Namespace) -> None:
     out = Path(args.out)
     records = [json.loads(f.read_text()) for f in sorted((out / "quality").glob("*.json"))]
     speed = json.loads((out / "speed.json").read_text()) if (out / "speed.json").exists() else None
-    drafters = [(m, name) for m, name in DRAFTERS if records and all(f"{m}:1x5" in r for r in records)]
+    drafters = [(m, name) for m, name in DRAFTERS if any(f"{m}:1x5" in r for r in records)]
+    complete = [r for r in records if all(f"{m}:{k}x{l}" in r for m, _ in drafters for k, l in SHAPES)]
+    if len(complete) < len(records):
+        print(f"({len(records) - len(complete)} prompts with runs missing left out)")
+    records = complete
     suites = sorted({r["suite"] for r in records})
     counts = ", ".join(f"{s} {sum(r['suite'] == s for r in records)}" for s in suites)
     print(f"held-out prompts: {len(records)} ({counts})")
@@ -205,6 +222,12 @@ def report(args: argparse.Namespace) -> None:
                     summary[key] = gen / calls
                 cells.append(f"{gen / calls:.2f} ({same}/{len(rs)})")
         print(f"| {suite} | " + " | ".join(cells) + " |")
+    diverged = [(r["id"], key, v["divergence"]) for r in records for key, v in r.items()
+                if isinstance(v, dict) and "divergence" in v]
+    if diverged:
+        print("\noutputs that left plain decoding's: first differing token and the target's top-2 logit gap there\n")
+        for pid, key, d in diverged:
+            print(f"- {pid} {key}: token {d['index']}, gap {d['top2_gap']:.3f}")
     if not speed:
         return
     med = speed["cost_ms"]
