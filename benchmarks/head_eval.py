@@ -266,7 +266,7 @@ def report(args: argparse.Namespace) -> None:
     g, tokens, speedup = flat_chain_prediction(acc, head_ms[1], target_ms)
     alpha = float(np.exp(np.mean(np.log(acc))))
     plan = _core.plan_chain(alpha, [0.0] + [target_ms] * (DEPTH + 1), head_ms[1], DEPTH)
-    print(f"- head chain, per-depth acceptance {[round(a, 3) for a in acc]}: best length {g}, {tokens:.2f} tokens "
+    print(f"- head chain, per-depth acceptance {[round(float(a), 3) for a in acc]}: best length {g}, {tokens:.2f} tokens "
           f"per step, predicted {speedup:.2f}x over plain decoding")
     print(f"- auto's chain planner (spec::plan_chain) with one acceptance alpha = {alpha:.3f} (geometric mean of "
           f"the depths): length {plan.gamma}, {plan.expected_tokens:.2f} tokens per step, "
@@ -279,7 +279,7 @@ def report(args: argparse.Namespace) -> None:
     if "beam" in acceptance:
         acc = acceptance["beam"]
         g, tokens, speedup = flat_chain_prediction(acc, med["draft"], target_ms)
-        print(f"- 0.5B draft chain, per-depth acceptance {[round(a, 3) for a in acc]}, {med['draft']:.1f} ms per token: "
+        print(f"- 0.5B draft chain, per-depth acceptance {[round(float(a), 3) for a in acc]}, {med['draft']:.1f} ms per token: "
               f"best length {g}, {tokens:.2f} tokens per step, predicted {speedup:.2f}x")
 
 
