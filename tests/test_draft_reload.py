@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from gguf_edit import copy_with_duplicated_token
 from isolated import run_json
 
 import pyspec
@@ -104,6 +105,18 @@ def test_vocab_mismatch_reload_keeps_old_draft(tiny_target: str, tiny_drafts: di
         expected = engine.generate(PROMPT, max_tokens=MAX_TOKENS, method="chain")
         with pytest.raises(pyspec.VocabMismatchError, match="vocabulary sizes differ"):
             engine.reload_draft(other_vocab)
+        assert_old_draft_serving(engine, tiny_drafts["perturbed"], expected)
+
+
+def test_duplicated_token_reload_keeps_old_draft(tiny_target: str, tiny_drafts: dict[str, str],
+                                                 tmp_path: Path) -> None:
+    """Two tokens with one text made llama.cpp abort the process; now a typed error, old draft kept."""
+    duplicated = tmp_path / "duplicated_token.gguf"
+    first, second = copy_with_duplicated_token(tiny_drafts["perturbed"], duplicated)
+    with make_engine(tiny_target, tiny_drafts["perturbed"]) as engine:
+        expected = engine.generate(PROMPT, max_tokens=MAX_TOKENS, method="chain")
+        with pytest.raises(pyspec.ModelLoadError, match=f"tokens {first} and {second} are both"):
+            engine.reload_draft(duplicated)
         assert_old_draft_serving(engine, tiny_drafts["perturbed"], expected)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from gguf_edit import copy_with_duplicated_token
 
 import pyspec
 from pyspec._models.tiny import build_tiny_model
@@ -60,6 +61,31 @@ def test_vocab_mismatch_same_size_names_first_token(tmp_path: Path, tiny_target:
     changed.write_bytes(bytes(data))
     with pytest.raises(pyspec.VocabMismatchError, match="token 300 differs"):
         pyspec.Engine(tiny_target, draft=str(changed))
+
+
+def test_duplicated_token_text_is_refused_before_llama_cpp(tmp_path: Path, tiny_target: str) -> None:
+    """llama.cpp aborts the process on a vocabulary with two equal token texts (fuzz gguf case 20,
+    seed 1); the engine's pre-check refuses the file with an error naming both ids."""
+    duplicated = tmp_path / "duplicated_token.gguf"
+    first, second = copy_with_duplicated_token(tiny_target, duplicated)
+    with pytest.raises(pyspec.ModelLoadError, match=f"tokens {first} and {second} are both"):
+        pyspec.Engine(str(duplicated), n_ctx=256, n_threads=1)
+    with pytest.raises(pyspec.ModelLoadError, match=f"tokens {first} and {second} are both"):
+        pyspec.Engine(tiny_target, draft=str(duplicated), n_ctx=256, n_threads=1)
+
+
+@pytest.mark.parametrize("n_ctx", [2**24 + 1, 2**31 - 1])
+def test_context_window_above_the_cap_is_refused(tiny_target: str, n_ctx: int) -> None:
+    """Refused by value before llama.cpp sizes anything (2**31 - 1 used to need a 24 GiB vector)."""
+    with pytest.raises(pyspec.InvalidArgumentError, match=f"n_ctx={n_ctx} exceeds the largest context window, 16777216"):
+        pyspec.Engine(tiny_target, n_ctx=n_ctx, n_threads=1)
+
+
+def test_trained_context_above_the_cap_is_refused_for_n_ctx_0(tmp_path: Path) -> None:
+    """n_ctx=0 takes the file's trained context, so a file claiming 2**24 + 1 tokens is refused too."""
+    model = build_tiny_model(tmp_path / "long_context.gguf", seed=0, n_ctx_train=2**24 + 1)
+    with pytest.raises(pyspec.InvalidArgumentError, match="trained context, 16777217 tokens"):
+        pyspec.Engine(str(model), n_ctx=0, n_threads=1)
 
 
 @pytest.mark.parametrize(

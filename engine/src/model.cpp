@@ -4,14 +4,64 @@
 #include <climits>
 #include <cstring>
 #include <fstream>
+#include <memory>
+#include <string_view>
 #include <thread>
+#include <unordered_map>
 
+#include "gguf.h"
 #include "llama.h"
 #include "spec/error.h"
 #include "spec/log.h"
 
 namespace spec {
 namespace {
+
+// A token text for an error message: printable ASCII as is, other bytes as \xNN, at most 40 bytes.
+std::string quoted_token(std::string_view text) {
+    static const char* const hex = "0123456789abcdef";
+    std::string out = "\"";
+    for (const char c : text.substr(0, 40)) {
+        const auto byte = static_cast<unsigned char>(c);
+        if (byte >= 0x20 && byte < 0x7f && c != '\\' && c != '"') {
+            out += c;
+        } else {
+            out += "\\x";
+            out += hex[byte >> 4];
+            out += hex[byte & 0xf];
+        }
+    }
+    return out + (text.size() > 40 ? "\"..." : "\"");
+}
+
+// llama.cpp maps each token text to its id and aborts the process (GGML_ASSERT in llama-vocab.cpp)
+// when two entries of tokenizer.ggml.tokens have the same text, instead of failing the load. Read
+// the metadata alone (no tensor data) and refuse such a vocabulary first. Texts are compared as
+// llama.cpp sees them: gguf_get_arr_str's C string, so up to a first NUL byte.
+// A file whose metadata gguf.h cannot parse is left to llama.cpp, whose loader reports the reason.
+void check_unique_token_texts(const std::string& path) {
+    const gguf_init_params metadata_only{/*no_alloc=*/true, /*ctx=*/nullptr};
+    const std::unique_ptr<gguf_context, decltype(&gguf_free)> file(
+        gguf_init_from_file(path.c_str(), metadata_only), &gguf_free);
+    if (!file) return;
+    const int64_t key = gguf_find_key(file.get(), "tokenizer.ggml.tokens");
+    if (key < 0 || gguf_get_kv_type(file.get(), key) != GGUF_TYPE_ARRAY ||
+        gguf_get_arr_type(file.get(), key) != GGUF_TYPE_STRING) {
+        return;  // llama.cpp refuses a missing or mistyped token list with an error of its own
+    }
+    const size_t n_tokens = gguf_get_arr_n(file.get(), key);
+    std::unordered_map<std::string_view, size_t> first_id;  // views into the gguf_context's strings
+    first_id.reserve(n_tokens);
+    for (size_t id = 0; id < n_tokens; ++id) {
+        const std::string_view text = gguf_get_arr_str(file.get(), key, id);
+        const auto [it, inserted] = first_id.emplace(text, id);
+        if (!inserted) {
+            throw ModelLoadError("vocabulary has two tokens with the same text: tokens " + std::to_string(it->second) +
+                                 " and " + std::to_string(id) + " are both " + quoted_token(text) +
+                                 " (tokenizer.ggml.tokens in " + path + ")");
+        }
+    }
+}
 
 // Cheap checks before handing the file to llama.cpp, so the common mistakes get a plain message.
 void check_gguf_file(const std::string& path) {
@@ -22,7 +72,19 @@ void check_gguf_file(const std::string& path) {
     if (file.gcount() < 4 || std::memcmp(magic, "GGUF", 4) != 0) {
         throw ModelLoadError("not a GGUF file (bad magic): " + path);
     }
+    check_unique_token_texts(path);
 }
+
+// The largest context window accepted, checked before llama.cpp sees it. llama.cpp does not bound
+// n_ctx: it sizes its KV cache's per-cell bookkeeping for n_ctx cells (a 24 GiB std::vector for
+// 2^31 - 1, measured), so a huge value was refused only when that allocation happened to fail, and
+// where it fails by aborting (ASan) it ended the process. A fixed cap rather than a multiple of the
+// model's trained context: it is checked before any file is read and keeps every setting that
+// works today valid whatever a model's metadata says. 2^24 = 16,777,216 tokens is above the trained
+// context of any model this engine targets (Qwen2.5-Coder: 32,768; the tiny test models: 2,048)
+// and keeps that bookkeeping near 200 MiB. The KV cache itself is allocated through ggml, which
+// reports a failed allocation as an error (ModelLoadError), not an abort.
+constexpr int64_t kMaxContextTokens = int64_t(1) << 24;
 
 std::string with_reason(const std::string& message) {
     const std::string reason = log_take_recent_errors();
@@ -33,6 +95,10 @@ std::string with_reason(const std::string& message) {
 
 Model::Model(const std::string& path, const ModelParams& params) : path_(path), params_(params) {
     if (params.n_ctx < 0) throw InvalidArgumentError("n_ctx must be >= 0, got " + std::to_string(params.n_ctx));
+    if (params.n_ctx > kMaxContextTokens) {
+        throw InvalidArgumentError("n_ctx=" + std::to_string(params.n_ctx) + " exceeds the largest context window, " +
+                                   std::to_string(kMaxContextTokens) + " tokens");
+    }
     if (params.n_batch < 1) throw InvalidArgumentError("n_batch must be >= 1, got " + std::to_string(params.n_batch));
     if (params.n_seq_max < 1) throw InvalidArgumentError("n_seq_max must be >= 1");
     if (params.n_threads < 0) throw InvalidArgumentError("n_threads must be >= 0, got " + std::to_string(params.n_threads));
@@ -49,6 +115,13 @@ Model::Model(const std::string& path, const ModelParams& params) : path_(path), 
     // llama.cpp caps a causal model's batch at the context and reserves one output row per
     // sequence; more sequences than batch rows make it abort the process, not return an error.
     const int64_t n_ctx_asked = params.n_ctx > 0 ? params.n_ctx : llama_model_n_ctx_train(model_);
+    if (n_ctx_asked > kMaxContextTokens) {  // n_ctx=0 takes the trained context from the file's metadata
+        llama_model_free(model_);
+        model_ = nullptr;
+        throw InvalidArgumentError("n_ctx=0 takes the model's trained context, " + std::to_string(n_ctx_asked) +
+                                   " tokens, which exceeds the largest context window, " +
+                                   std::to_string(kMaxContextTokens) + " tokens: pass a smaller n_ctx");
+    }
     const int64_t n_batch_rows = std::min<int64_t>(params.n_batch, n_ctx_asked);
     const int64_t n_seq_limit = std::min<int64_t>(n_batch_rows, int64_t(llama_max_parallel_sequences()));
     if (params.n_seq_max > n_seq_limit) {
