@@ -16,6 +16,7 @@
 #include "spec/error.h"
 #include "spec/log.h"
 #include "spec/quantize.h"
+#include "spec/replay.h"
 #include "spec/rng.h"
 #include "spec/sampling.h"
 #include "spec/tree.h"
@@ -251,10 +252,30 @@ NB_MODULE(_core, m) {
         .def("n_observed", nb::overload_cast<int32_t>(&spec::CostModel::n_observed, nb::const_), "k"_a)
         .def_prop_ro("n_observed_total", nb::overload_cast<>(&spec::CostModel::n_observed, nb::const_));
 
+    // Replay of auto on known greedy outputs (spec/replay.h): [(sizes, accepted)] per request.
+    m.def("replay_auto", [](const std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>>& requests,
+                            const spec::CostCurve& curve, const spec::LookupParams& lookup,
+                            const spec::PoolParams& pool, const spec::AutoParams& params, size_t pool_capacity) {
+        std::vector<spec::ReplayRequest> reqs;
+        reqs.reserve(requests.size());
+        for (const auto& [prompt, output] : requests) reqs.push_back({prompt, output});
+        spec::PhrasePoolParams settings;
+        settings.capacity = pool_capacity;
+        std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> out;
+        {
+            nb::gil_scoped_release release;
+            for (auto& steps : spec::replay_auto(reqs, curve, lookup, pool, settings, params)) {
+                out.emplace_back(std::move(steps.sizes), std::move(steps.accepted));
+            }
+        }
+        return out;
+    }, "requests"_a, "curve"_a, "lookup"_a, "pool"_a, "params"_a, "pool_capacity"_a = size_t(65536));
+
     nb::class_<spec::LookupParams>(m, "LookupParams")
         .def(nb::init<>())
         .def_rw("ngram_max", &spec::LookupParams::ngram_max)
-        .def_rw("ngram_min", &spec::LookupParams::ngram_min);
+        .def_rw("ngram_min", &spec::LookupParams::ngram_min)
+        .def_rw("stop_tokens", &spec::LookupParams::stop_tokens);
 
     nb::class_<spec::GenerateParams>(m, "GenerateParams")
         .def(nb::init<>())
@@ -454,6 +475,7 @@ NB_MODULE(_core, m) {
             return e.shared_target()->apply_chat_template(messages, add_assistant);
         }, "messages"_a, "add_assistant"_a = true)
         .def("is_eog", [](spec::Engine& e, int32_t token) { return e.shared_target()->is_eog(token); })
+        .def("control_tokens", [](spec::Engine& e) { return e.shared_target()->control_tokens(); })
         .def_prop_ro("n_vocab", [](spec::Engine& e) { return e.shared_target()->n_vocab(); })
         .def_prop_ro("n_ctx", [](spec::Engine& e) { return e.shared_target()->n_ctx(); })
         .def_prop_ro("has_draft", [](spec::Engine& e) { return e.has_draft(); })

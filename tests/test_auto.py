@@ -259,3 +259,41 @@ def test_planner_is_exposed_for_inspection() -> None:
     stats = _core.AcceptanceStats()
     plan = _core.plan_draft([-1, 0, 1], [], stats, [0.0, 100.0, 120.0, 140.0, 160.0], 0.0)
     assert list(plan.keep) == [0] and plan.expected_tokens == pytest.approx(1.5)
+
+
+def _replay(prompt: list[int], output: list[int], curve: pyspec.CostCurve, stop_tokens: list[int] = (),
+            adapt_costs: bool = True):
+    params = pyspec.GenerationConfig(method="auto").to_core()
+    params.lookup.stop_tokens = list(stop_tokens)
+    params.scheduler.adapt_costs = adapt_costs  # off: no probes of sizes the curve calls dear
+    ((sizes, accepted),) = _core.replay_auto([(prompt, output)], curve._core(), params.lookup, params.pool,
+                                             params.scheduler)
+    sizes, accepted = list(sizes), list(accepted)
+    # Every step commits its accepted tokens plus the target's own: the output, exactly.
+    assert sum(a + 1 for a in accepted) == len(output)
+    assert all(0 <= a <= s - 1 for s, a in zip(sizes, accepted))
+    return sizes, accepted
+
+
+def test_replay_drafts_a_quoted_text_when_verification_is_cheap() -> None:
+    # The prompt quotes 60 tokens between delimiters (900, 901); the output repeats the quote.
+    quote = list(range(100, 160))
+    prompt = [900, 5, 6, *quote, 901, 7]
+    sizes, accepted = _replay(prompt, quote[:40] + [300, 301, 302], flat(10.0), stop_tokens=[900, 901])
+    assert len(sizes) <= 8 and max(accepted) >= 20  # the copy goes by in a few long steps
+    # With verification as dear as plain decoding, nothing is drafted.
+    sizes, _ = _replay(prompt, quote[:40] + [300, 301, 302], linear(10.0), adapt_costs=False)
+    assert set(sizes) == {1}
+
+
+def test_replay_copies_stop_at_stop_tokens() -> None:
+    # The prompt quotes 20 tokens, then a delimiter (901) and 40 tokens of template markup
+    # (902-941) that the output, which repeats the quote and goes its own way, never follows.
+    # Without stop tokens, the copy's drafts run on into the markup and are rejected there.
+    quote = list(range(100, 120))
+    prompt = [900, *quote, *range(901, 942)]
+    output = quote + list(range(500, 540))
+    with_stops, acc_stops = _replay(prompt, output, flat(10.0), stop_tokens=list(range(900, 942)))
+    without, acc_without = _replay(prompt, output, flat(10.0))
+    assert sum(acc_stops) == sum(acc_without)  # the same copy is accepted either way
+    assert sum(with_stops) < sum(without)      # but fewer tokens are verified for it

@@ -227,6 +227,7 @@ Engine::Engine(const std::string& target_path, const std::string& draft_path, co
     : params_(params), draft_params_(params.model), rng_(params.seed) {
     draft_params_.n_seq_max = std::max(draft_params_.n_seq_max, tree_sequences(params.model));
     target_ = std::make_shared<Model>(target_path, draft_params_);
+    control_tokens_ = target_->control_tokens();
     if (!draft_path.empty()) swap_draft(load_draft(draft_path), "");
     PhrasePoolParams pool_params = params.pool;
     pool_params.n_vocab = target_->n_vocab();
@@ -527,7 +528,10 @@ std::unique_ptr<Drafter> Engine::make_drafter(const GenerateParams& params) {
         }
         resources.head = head_.get();
     }
-    return method.make(params, resources);
+    // Copies stop at the target's control tokens (LookupParams::stop_tokens).
+    GenerateParams with_stops = params;
+    with_stops.lookup.stop_tokens = control_tokens_;
+    return method.make(with_stops, resources);
 }
 
 void Engine::validate(const std::vector<int32_t>& prompt, const GenerateParams& params) const {

@@ -28,7 +28,9 @@ uint64_t hash_step(uint64_t h, int32_t token) {
 class PromptLookupDrafter final : public Drafter {
 public:
     explicit PromptLookupDrafter(const LookupParams& params)
-        : params_(params), index_(size_t(params.ngram_max - params.ngram_min + 1)) {}
+        : params_(params), index_(size_t(params.ngram_max - params.ngram_min + 1)) {
+        std::sort(params_.stop_tokens.begin(), params_.stop_tokens.end());
+    }
 
     std::string name() const override { return "prompt-lookup"; }
 
@@ -48,14 +50,20 @@ public:
         // Past the end of the sequence the continuation reads the tokens proposed so far, as if
         // they were committed: a pattern of period n_tokens - start repeats.
         const int32_t n_tokens = int32_t(tokens_.size());
+        bool stopped = false;
         for (int32_t i = 0; i < request.n_draft_max; ++i) {
             const int32_t pos = start + i;
-            out.tokens.push_back(pos < n_tokens ? tokens_[size_t(pos)] : out.tokens[size_t(pos - n_tokens)]);
+            const int32_t token = pos < n_tokens ? tokens_[size_t(pos)] : out.tokens[size_t(pos - n_tokens)];
+            stopped = std::binary_search(params_.stop_tokens.begin(), params_.stop_tokens.end(), token);
+            if (stopped) break;
+            out.tokens.push_back(token);
         }
-        // Node i continues a match of match.n + i tokens (spec/schedule.h, node kinds).
+        // Node i continues a match of match.n + i tokens (spec/schedule.h, node kinds), except
+        // the last one before a stop token.
         const int32_t n_matched = matched_length(match);
         out.kinds.resize(out.tokens.size());
         for (size_t i = 0; i < out.tokens.size(); ++i) out.kinds[i] = kind_lookup(n_matched + int32_t(i));
+        if (stopped && !out.kinds.empty()) out.kinds.back() = kind_lookup_end();
         stats_.n_proposed += int64_t(out.tokens.size());
     }
 

@@ -225,6 +225,14 @@ bool Model::is_eog(int32_t token) const {
     return llama_vocab_is_eog(vocab_, token);
 }
 
+std::vector<int32_t> Model::control_tokens() const {
+    std::vector<int32_t> out;
+    for (int32_t t = 0; t < n_vocab_; ++t) {
+        if (llama_vocab_is_control(vocab_, t) || llama_vocab_is_eog(vocab_, t)) out.push_back(t);
+    }
+    return out;
+}
+
 std::string Model::token_text(int32_t token) const {
     check_token(token);
     const char* text = llama_vocab_get_text(vocab_, token);

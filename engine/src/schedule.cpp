@@ -59,6 +59,8 @@ int32_t match_bucket(int32_t match_len) {
 
 constexpr int32_t kFirstLookup = 1, kFirstPool = kFirstLookup + kMatchBuckets;
 constexpr int32_t kFirstModel = kFirstPool + kMatchBuckets, kModelKinds = 10;
+constexpr int32_t kLookupEnd = kFirstModel + kModelKinds;
+static_assert(kLookupEnd < kNumKinds, "node kinds must fit kNumKinds");
 
 double prior_mean(int32_t kind) {
     if (is_model_kind(uint8_t(kind))) return (kind - kFirstModel + 0.5) / kModelKinds;
@@ -81,8 +83,9 @@ uint8_t kind_model(float probability) {
     const int32_t decile = std::clamp(int32_t(probability * kModelKinds), 0, kModelKinds - 1);
     return uint8_t(kFirstModel + decile);
 }
+uint8_t kind_lookup_end() { return uint8_t(kLookupEnd); }
 bool is_model_kind(uint8_t kind) { return kind >= kFirstModel && kind < kFirstModel + kModelKinds; }
-bool kind_has_depth(uint8_t kind) { return kind < kFirstLookup || kind >= kFirstModel; }
+bool kind_has_depth(uint8_t kind) { return kind < kFirstLookup || is_model_kind(kind); }
 
 AcceptanceStats::AcceptanceStats() { clear(); }
 

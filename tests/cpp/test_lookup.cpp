@@ -13,6 +13,7 @@
 #include "spec/error.h"
 #include "spec/rng.h"
 #include "spec/sampling.h"
+#include "spec/schedule.h"
 
 namespace {
 
@@ -159,6 +160,36 @@ void test_counters() {
     CHECK(s.n_model_decodes == 0);
 }
 
+void test_stop_tokens_end_the_continuation() {
+    // 90 stands for a chat template's delimiter: [1 2] is followed by 3 4 and then the delimiter,
+    // so the copy stops after 4, and 4 (the quote's last token) gets the end-of-quote kind.
+    spec::LookupParams params;
+    params.ngram_max = 3;
+    params.stop_tokens = {95, 90};  // any order
+    auto drafter = spec::make_prompt_lookup_drafter(params);
+    const Tokens seq = {1, 2, 3, 4, 90, 91, 1, 2};
+    drafter->begin(seq);
+    spec::SamplingParams sampling;
+    spec::Rng rng(0);
+    spec::DraftRequest request{&seq, 8, &sampling, &rng};
+    spec::Draft out;
+    drafter->draft(request, out);
+    CHECK((out.tokens == Tokens{3, 4}));
+    CHECK(out.kinds.size() == 2 && out.kinds[0] == spec::kind_lookup(2) && out.kinds[1] == spec::kind_lookup_end());
+    // A continuation that reaches n_draft_max first keeps the match kinds.
+    spec::DraftRequest short_request{&seq, 1, &sampling, &rng};
+    drafter->draft(short_request, out);
+    CHECK((out.tokens == Tokens{3}) && out.kinds[0] == spec::kind_lookup(2));
+    // A stop token right after the match: nothing to propose.
+    const Tokens at_stop = {1, 2, 95, 7, 1, 2};
+    drafter->begin(at_stop);
+    spec::DraftRequest stop_request{&at_stop, 8, &sampling, &rng};
+    drafter->draft(stop_request, out);
+    CHECK(out.tokens.empty());
+    // Without stop tokens the same copy runs through the delimiter.
+    CHECK((lookup(seq, 4) == Tokens{3, 4, 90, 91}));
+}
+
 void test_validation() {
     CHECK(throws_invalid([] { make_drafter(3, 0); }, "ngram_min=0"));
     CHECK(throws_invalid([] { make_drafter(2, 3); }, "1 <= ngram_min <= ngram_max <= 16"));
@@ -179,6 +210,7 @@ int main() {
     test_incremental_index_matches_naive_scan();
     test_begin_forgets_the_previous_request();
     test_counters();
+    test_stop_tokens_end_the_continuation();
     test_validation();
     std::printf("%d checks, %d failed\n", g_checks, g_failures);
     return g_failures == 0 ? 0 : 1;

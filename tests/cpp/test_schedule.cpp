@@ -50,6 +50,8 @@ void test_kinds() {
     CHECK(kind_lookup(65) == kind_lookup(1000));
     CHECK(kind_lookup(64) != kind_lookup(65));
     CHECK(kind_pool(3) != kind_lookup(3));
+    CHECK(kind_lookup_end() != kind_lookup(65) && !is_model_kind(kind_lookup_end()));
+    CHECK(!kind_has_depth(kind_lookup_end()) && kind_lookup_end() < kNumKinds);
     CHECK(!is_model_kind(kind_pool(200)));
     CHECK(is_model_kind(kind_model(0.0f)) && is_model_kind(kind_model(1.0f)));
     CHECK(!kind_has_depth(kind_lookup(5)) && !kind_has_depth(kind_pool(5)));

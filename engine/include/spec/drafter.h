@@ -141,6 +141,11 @@ std::unique_ptr<Drafter> make_head_beam_drafter(DraftHead& head, const BeamParam
 struct LookupParams {
     int32_t ngram_max = 16;  // longest suffix of the committed sequence searched for
     int32_t ngram_min = 1;  // shortest suffix tried before giving up (no proposal)
+    // A continuation stops before any of these tokens. The engine sets them to the target's
+    // control and end-of-generation tokens (Model::control_tokens): a chat template's message
+    // delimiters end the text a copy can follow, so a copy of a quoted prompt (the code a user
+    // pasted) is never drafted past the end of the quote into the template's markup.
+    std::vector<int32_t> stop_tokens;
 };
 constexpr int32_t kLookupNgramLimit = 16;
 

@@ -77,6 +77,9 @@ public:
     std::string token_to_piece(int32_t token, bool special = false) const;
     std::string detokenize(const std::vector<int32_t>& tokens, bool special = false) const;
     bool is_eog(int32_t token) const;
+    // Every control or end-of-generation token of the vocabulary (chat-template delimiters,
+    // end of text), increasing.
+    std::vector<int32_t> control_tokens() const;
     std::string token_text(int32_t token) const;  // the vocabulary entry as stored in the GGUF
 
     // Formats a conversation with the model's built-in chat template (llama_chat_apply_template).

@@ -54,6 +54,11 @@ constexpr int32_t kMaxMatchLen = 65;      // match lengths are measured up to th
 uint8_t kind_lookup(int32_t match_len);   // prompt / output lookup: 1..16
 uint8_t kind_pool(int32_t match_len);     // phrase-pool phrase: 17..32
 uint8_t kind_model(float probability);    // draft model, by the draft's probability decile: 33..42
+// The last token of a prompt-lookup continuation that stops at a stop token
+// (LookupParams::stop_tokens): the end of a quoted text, where a copy usually turns away (the
+// closing fence of a pasted code block). Its own kind keeps that turn from counting against the
+// long matches that lead to it. 43.
+uint8_t kind_lookup_end();
 bool is_model_kind(uint8_t kind);
 // Whether a node's acceptance is also keyed by its depth (draft-model and unknown nodes);
 // context-match kinds carry their depth in the match length already.
