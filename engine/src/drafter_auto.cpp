@@ -2,6 +2,7 @@
 // tokens per second under the measured cost curves (spec/schedule.h), or plain decoding.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <deque>
 #include <string>
 #include <vector>
@@ -69,7 +70,7 @@ public:
 
         if (model_) {
             const ChainPlan chain_plan =
-                plan_chain(acceptance_.model_acceptance(), step_ms_, draft_cost_->at(1), gamma_max);
+                plan_chain(acceptance_.model_acceptance(), step_ms_, draft_decode_ms(), gamma_max);
             if (chain_plan.gamma > 0 && chain_plan.tokens_per_ms() > kModelMargin * free_plan.tokens_per_ms()) {
                 draft_with_model(request, chain_plan.gamma, out);
                 return;
@@ -125,18 +126,21 @@ private:
     void draft_with_model(const DraftRequest& request, int32_t gamma, Draft& out) {
         const auto t0 = std::chrono::steady_clock::now();
         // The chain drafter catches up on the tokens committed since it last drafted itself.
-        if (!chain_) {
+        const bool fresh = !chain_;
+        if (fresh) {
             chain_ = make_model_chain_drafter(*model_);
             chain_->begin(*request.tokens);  // catches up on the prompt and the output so far
         }
+        const int64_t decodes_before = chain_->stats().n_model_decodes;
         DraftRequest model_request = request;
         model_request.n_draft_max = gamma;
         chain_->draft(model_request, out);
         used_ = chain_.get();
+        const double sunk_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        // The first draft also filled the model's cache with the whole prompt: not a step's cost.
+        if (!fresh) observe_draft_cost(sunk_ms, chain_->stats().n_model_decodes - decodes_before);
         if (request.sampling->greedy()) {
             // The chain's length may depend on the drafted tokens only when they are not sampled.
-            const double sunk_ms =
-                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
             if (step_ms_.size() < out.tokens.size() + 2) {
                 step_ms_ = target_cost_.table(int32_t(out.tokens.size()) + 1, params_.adapt_costs);
             }
@@ -147,6 +151,23 @@ private:
         model_draft_.parents = out.parents;
         model_draft_.kinds = out.kinds;
         stats_.n_proposed += int64_t(out.tokens.size());
+    }
+
+    // What one draft-model decode costs now, for plan_chain: the calibrated one-token time until
+    // the model has drafted, then a running mean (in log space, as the target's CostModel) of
+    // the measured drafting time per decode, catching up on committed tokens included: the draft
+    // model slows down with the machine as the target does, and a plan that believes it cheap
+    // drafts chains that lose.
+    double draft_decode_ms() const {
+        return params_.adapt_costs && n_draft_observed_ > 0 ? std::exp(log_draft_decode_ms_) : draft_cost_->at(1);
+    }
+
+    void observe_draft_cost(double ms, int64_t n_decodes) {
+        if (n_decodes <= 0 || !(ms > 0.0)) return;
+        const double x = std::log(ms / double(n_decodes));
+        ++n_draft_observed_;
+        const double rate = std::max(CostModel::kRate, 1.0 / double(n_draft_observed_));
+        log_draft_decode_ms_ += rate * (x - log_draft_decode_ms_);
     }
 
     // Scores the free proposals whose every node can now be compared with committed tokens
@@ -172,6 +193,8 @@ private:
     AutoParams params_;
     Drafter* used_ = nullptr;         // the drafter whose proposal went out last step (null: none)
     int32_t plain_steps_ = 0;         // plain steps since the last draft (probes, see kProbeAfterPlainSteps)
+    int64_t n_draft_observed_ = 0;      // draft_with_model steps timed (not the first)
+    double log_draft_decode_ms_ = 0.0;  // running mean of log(ms per draft decode)
     Draft free_;
     Draft model_draft_;  // the model's last draft as verified (tokens, parents, kinds)
     // A free proposal awaiting its score: its root was committed[position - 1]; depth: its
