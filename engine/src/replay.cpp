@@ -7,30 +7,26 @@
 #include "spec/error.h"
 #include "spec/rng.h"
 #include "spec/sampling.h"
+#include "spec/tree.h"
+#include "spec/verify.h"
 
 namespace spec {
 namespace {
 
-// The drafted nodes greedy verification accepts: down the tree along `actual`, one child per
-// level (siblings tried in order, as verify_tree_greedy does). actual: the target's tokens after
-// the root, [n_actual].
+// The drafted nodes the engine's greedy verification (verify_tree_greedy) accepts when the
+// target's output after the root is `actual` [n_actual]. A row's argmax is the actual token one
+// deeper than the row's node: exact for the rows verification walks (the root and accepted
+// nodes, whose paths match `actual`); the other rows are never read. -1 past the end.
 int32_t accepted_length(const Draft& draft, const int32_t* actual, int32_t n_actual) {
     const int32_t n = int32_t(draft.tokens.size());
-    int32_t node = -1, depth = 0;
-    while (depth < n_actual) {
-        int32_t next = -1;
-        for (int32_t i = node + 1; i < n; ++i) {
-            const int32_t parent = draft.parents.empty() ? i - 1 : draft.parents[size_t(i)];
-            if (parent == node && draft.tokens[size_t(i)] == actual[depth]) {
-                next = i;
-                break;
-            }
-        }
-        if (next < 0) break;
-        node = next;
-        ++depth;
+    const std::vector<int32_t> parents = draft.parents.empty() ? chain_parents(n) : draft.parents;
+    const std::vector<int32_t> depths = tree_depths(parents);
+    std::vector<int32_t> argmax(size_t(n) + 1, -1);
+    argmax[0] = actual[0];
+    for (int32_t i = 0; i < n; ++i) {
+        if (depths[size_t(i)] + 1 < n_actual) argmax[size_t(i) + 1] = actual[depths[size_t(i)] + 1];
     }
-    return depth;
+    return int32_t(verify_tree_greedy(draft.tokens, parents, argmax).path.size());
 }
 
 }  // namespace
