@@ -2,7 +2,6 @@
 // tokens per second under the measured cost curves (spec/schedule.h), or plain decoding.
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <deque>
 #include <string>
 #include <vector>
@@ -37,7 +36,9 @@ public:
           draft_cost_(draft_cost),
           target_cost_(target_cost),
           acceptance_(stats),
-          params_(params) {}
+          params_(params) {
+        if (draft_cost_) draft_costs_.set_prior(*draft_cost_);
+    }
 
     std::string name() const override { return "auto"; }
 
@@ -138,7 +139,8 @@ private:
         used_ = chain_.get();
         const double sunk_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         // The first draft also filled the model's cache with the whole prompt: not a step's cost.
-        if (!fresh) observe_draft_cost(sunk_ms, chain_->stats().n_model_decodes - decodes_before);
+        const int64_t n_decodes = chain_->stats().n_model_decodes - decodes_before;
+        if (!fresh && n_decodes > 0) draft_costs_.observe(1, sunk_ms / double(n_decodes));
         if (request.sampling->greedy()) {
             // The chain's length may depend on the drafted tokens only when they are not sampled.
             if (step_ms_.size() < out.tokens.size() + 2) {
@@ -153,22 +155,12 @@ private:
         stats_.n_proposed += int64_t(out.tokens.size());
     }
 
-    // What one draft-model decode costs now, for plan_chain: the calibrated one-token time until
-    // the model has drafted, then a running mean (in log space, as the target's CostModel) of
-    // the measured drafting time per decode, catching up on committed tokens included: the draft
-    // model slows down with the machine as the target does, and a plan that believes it cheap
-    // drafts chains that lose.
-    double draft_decode_ms() const {
-        return params_.adapt_costs && n_draft_observed_ > 0 ? std::exp(log_draft_decode_ms_) : draft_cost_->at(1);
-    }
-
-    void observe_draft_cost(double ms, int64_t n_decodes) {
-        if (n_decodes <= 0 || !(ms > 0.0)) return;
-        const double x = std::log(ms / double(n_decodes));
-        ++n_draft_observed_;
-        const double rate = std::max(CostModel::kRate, 1.0 / double(n_draft_observed_));
-        log_draft_decode_ms_ += rate * (x - log_draft_decode_ms_);
-    }
+    // What one draft-model decode costs now, for plan_chain: the draft's calibrated one-token
+    // time, corrected (a CostModel, as the target's) by the measured drafting time per decode,
+    // catching up on committed tokens included, from the model's second draft of the request on:
+    // the draft model slows down with the machine as the target does, and a plan that believes it
+    // cheap drafts chains that lose.
+    double draft_decode_ms() const { return params_.adapt_costs ? draft_costs_.at(1) : draft_cost_->at(1); }
 
     // Scores the free proposals whose every node can now be compared with committed tokens
     // (all of them at the end of the request, with what there is).
@@ -193,8 +185,7 @@ private:
     AutoParams params_;
     Drafter* used_ = nullptr;         // the drafter whose proposal went out last step (null: none)
     int32_t plain_steps_ = 0;         // plain steps since the last draft (probes, see kProbeAfterPlainSteps)
-    int64_t n_draft_observed_ = 0;      // draft_with_model steps timed (not the first)
-    double log_draft_decode_ms_ = 0.0;  // running mean of log(ms per draft decode)
+    CostModel draft_costs_;           // prior: *draft_cost_; observed: ms per draft decode (size 1)
     Draft free_;
     Draft model_draft_;  // the model's last draft as verified (tokens, parents, kinds)
     // A free proposal awaiting its score: its root was committed[position - 1]; depth: its
