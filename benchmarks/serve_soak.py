@@ -219,11 +219,6 @@ def main(argv: list[str] | None = None) -> int:
             """The server's memory, pool and draft version now (after `done` requests)."""
             point = {"requests": done, "seconds": round(time.monotonic() - t0, 1), **rss_split_kib(server.pid),
                      "pool_phrases": metric(base_url, "pyspec_pool_phrases"),
-            "pool_bytes": metric(base_url, "pyspec_pool_bytes"),
-            "pool_capacity": metric(base_url, "pyspec_pool_capacity"),
-            "settings": {"online": not args.no_online, "pool_file": not args.no_pool_file, "pace": args.pace,
-                         "online_interval": args.online_interval, "pool_save_interval": args.pool_save_interval,
-                         "pool_capacity": args.pool_capacity},
                      "pool_bytes": metric(base_url, "pyspec_pool_bytes"),
                      "draft_version": metric(base_url, "pyspec_draft_version", '{slot=""}'),
                      "trainer_kib": [rss_kib(c) for c in children(server.pid)]}
