@@ -65,8 +65,7 @@ def generated_runs(engine: Engine, suite: str, n: int, max_tokens: int) -> list[
 
 def prompt_tokens(engine: Engine, suite: str, n: int) -> dict[str, list[int]]:
     """The prompts as `pyspec bench` feeds them: chat template applied, then tokenized."""
-    return {str(p.id): engine.tokenize(engine.apply_chat_template(list(p.messages)))
-            for p in load_suite(suite, n=n)}
+    return {str(p.id): engine.prompt_tokens(list(p.messages)) for p in load_suite(suite, n=n)}
 
 
 def model_cost(curve: Any, sizes: list[int]) -> float:
@@ -110,6 +109,8 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=20)
     ap.add_argument("--max-tokens", type=int, default=192)
     ap.add_argument("--per-prompt", action="store_true")
+    ap.add_argument("--no-stop-tokens", action="store_true",
+                    help="copies run on through the target's control tokens (auto before they stopped there)")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args()
 
@@ -119,7 +120,7 @@ def main() -> int:
         raise SystemExit("no cached calibration for the target: run `pyspec calibrate` on a quiet machine first")
     core_curve = curve._core()
     params = GenerationConfig(method="auto").to_core()
-    params.lookup.stop_tokens = engine._core.control_tokens()  # as the engine sets them
+    params.lookup.stop_tokens = [] if args.no_stop_tokens else engine._core.control_tokens()  # as the engine
     jobs = [recorded_runs(p) for p in args.bench]
     jobs += [(s, generated_runs(engine, s, args.n, args.max_tokens)) for s in args.suite]
     report = {}
