@@ -113,6 +113,9 @@ def run_mode(mode: str, args: argparse.Namespace, stream: list[tuple[str, Any]],
                             "n_positions": result.trace.reject_positions.shape[0],
                             "serve_seconds": serve_seconds, "tokens_per_second": s.tokens_per_second,
                             "tokens": result.tokens})
+            if args.records_log:
+                with open(args.records_log, "a", encoding="utf-8") as f:  # survives a run cut short
+                    f.write(json.dumps({"mode": mode, **records[-1]}) + "\n")
             if args.progress:
                 print(f"\r{mode}: {i + 1}/{len(stream)}", end="", file=sys.stderr, flush=True)
         if args.progress:
@@ -147,6 +150,29 @@ def run_mode(mode: str, args: argparse.Namespace, stream: list[tuple[str, Any]],
     update_log.sort(key=lambda u: u["after_request"])
     return {"mode": mode, "records": records, "updates": updates, "update_log": update_log, "final_drafts": finals,
             "serving_peak_rss_mb": peak_rss_mb(), "seconds": time.perf_counter() - t0}
+
+
+REUSE_MUST_MATCH = ("stream", "max_tokens", "n_draft", "raw", "method", "window")
+
+
+def reuse_runs(path: str, modes: list[str], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Runs of `modes` from an earlier --json file of the same stream (the same target, prompts,
+    lengths, method and target and draft file names), so that an unchanged mode is not served again. The
+    static mode's final draft is the starting draft, --draft here."""
+    earlier = json.loads(Path(path).read_text(encoding="utf-8"))
+    # files written before --method existed ran method chain
+    differ = [k for k in REUSE_MUST_MATCH if earlier["args"].get(k, "chain" if k == "method" else None) != getattr(args, k)]
+    differ += [k for k in ("target", "draft") if Path(earlier["args"][k]).name != Path(getattr(args, k)).name]
+    if differ:
+        raise SystemExit(f"--reuse {path}: not the same stream ({', '.join(differ)} differ)")
+    runs = [run for run in earlier["runs"] if run["mode"] in modes]
+    if missing := sorted(set(modes) - {run["mode"] for run in runs}):
+        raise SystemExit(f"--reuse {path} holds no run of mode(s) {', '.join(missing)}")
+    for run in runs:
+        run["reused_from"] = path
+        if run["mode"] == "static":
+            run["final_drafts"] = {"": str(Path(args.draft).resolve()) if Path(args.draft).exists() else args.draft}
+    return runs
 
 
 def keep_draft(path: str, folder: str | None, name: str) -> str:
@@ -270,7 +296,7 @@ def summarize(runs: list[dict[str, Any]], window: int) -> dict[str, Any]:
         entry = {"final_window_acceptance": series[-1] if series else None, "by_suite": by_suite,
                  "updates": run["updates"], "seconds": round(run["seconds"], 1),
                  "serving_peak_rss_mb": run.get("serving_peak_rss_mb"),
-                 "training_positions": sum(r["n_positions"] for r in recs)}
+                 "training_positions": sum(r.get("n_positions", 0) for r in recs)}
         log = run["update_log"]
         if log:
             ratios = [u["update_seconds"] / u["serve_seconds_of_interval"] for u in log if u["serve_seconds_of_interval"]]
@@ -378,7 +404,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="afterwards, the acceptance of each mode's final draft(s) on the next N prompts of each suite "
                         "(method chain)")
     p.add_argument("--keep-drafts", default=None, metavar="DIR", help="copy each mode's final draft(s) here")
+    p.add_argument("--reuse", default=None, metavar="JSON",
+                   help="take the runs of --reuse-modes from an earlier --json file of the same stream")
+    p.add_argument("--reuse-modes", default="static", help="modes taken from --reuse (default static)")
     p.add_argument("--json", default=None, metavar="PATH")
+    p.add_argument("--records-log", default=None, metavar="PATH", help="append each request's record here (JSON lines)")
     p.add_argument("--plot", default=None, metavar="PATH", help="PNG of acceptance over the stream")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     args = p.parse_args(argv)
@@ -398,7 +428,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.draft is None:
             p.error("--draft is required (see the docstring for deriving a cheap one)")
         stream, held_out = load_stream(args.stream, args.raw, max(args.auto_eval, args.heldout))
-        runs = [run_mode(mode, args, stream, work_dir) for mode in modes]
+        reused = reuse_runs(args.reuse, [m for m in args.reuse_modes.split(",") if m], args) if args.reuse else []
+        runs = [*reused, *(run_mode(mode, args, stream, work_dir) for mode in modes
+                           if mode not in {r["mode"] for r in reused})]
+        runs.sort(key=lambda run: MODES.index(run["mode"]))
         by_suite = {}
         for suite, prompt in held_out:
             by_suite.setdefault(suite, []).append((suite, prompt))
