@@ -198,8 +198,9 @@ def sharegpt_prompts(records: Iterator[dict[str, Any]]) -> Iterator[Prompt]:
         first = (turns[0].get("value") or "").strip()
         if not first:
             continue
+        reply = turns[1].get("value") or "" if len(turns) > 1 and turns[1].get("from") in ("gpt", "assistant") else ""
         yield Prompt(id=f"sharegpt/{r.get('id', '')}", suite="sharegpt", text=first,
-                     messages=_user(first))
+                     messages=_user(first), meta={"answer": reply.strip()})
 
 
 # Long-context suites: one HumanEval function asked about or edited inside a long module made of

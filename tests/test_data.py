@@ -128,6 +128,8 @@ def test_sharegpt_first_human_turns(tmp_path: Path) -> None:
         ("sharegpt/d_0", "What is \u00e9t\u00e9?"),
     ]
     assert load_suite_file("sharegpt", path, n=1)[0].id == "sharegpt/a_0"
+    # The first reply is kept as the reference answer (teacher-forced head training data).
+    assert [p.meta["answer"] for p in prompts] == ["Hi.", ""]
 
 
 def test_unknown_suite_lists_suites() -> None:

@@ -312,6 +312,36 @@ def test_train_head_command_makes_data_trains_resumes_and_exports(tmp_path: Path
     assert json.loads(gen.stdout)["head_version"] == 1
 
 
+def test_reference_sequences_are_the_targets_rows_over_the_reference_text(tmp_path: Path, tiny_target: str) -> None:
+    """Teacher forcing: a HumanEval / GSM8K prompt's reference answer appended to the prompt and
+    evaluated once; the stored rows start at the end of the chat template's preamble and hold the
+    target's own hidden states and distributions there. Prompts without a reference (MT-Bench)
+    are answered by the target."""
+    from pyspec.head.data import iter_sequences, load_prompt_slices, reference_answer
+
+    prompts = load_prompt_slices(["humaneval[0:2]", "gsm8k[0:2]", "mtbench[0:1]"])
+    plan = plan_sequences(prompts, (0.0,), 1, reference=True)
+    assert [spec.source for _, spec in plan] == ["reference"] * 4 + ["target"]
+    assert "<<" not in reference_answer(prompts[2]) and reference_answer(prompts[2]).endswith(".")
+    with pyspec.Engine(tiny_target, n_ctx=4096, n_threads=2) as engine:
+        config = DataConfig(max_tokens=8, reference_max_tokens=40)
+        assert make_training_data(engine, plan, tmp_path, config) == (5, True)
+        by_id = {(s.prompt_id, s.temperature): s for s in iter_sequences(tmp_path)}
+        for prompt in prompts[:4]:
+            seq = by_id[(prompt.id, 0.0)]
+            prompt_tokens = engine.prompt_tokens(prompt.messages)
+            answer = engine.tokenize(reference_answer(prompt), add_special=False, parse_special=False)[:40]
+            assert list(seq.tokens) == prompt_tokens + answer
+            assert 0 <= seq.first_row < len(prompt_tokens) - 1  # the user's message's rows are kept too
+            assert seq.n_rows == len(seq.tokens) - seq.first_row
+            logits, hidden = engine.evaluate_hidden(list(seq.tokens))
+            assert (seq.top_ids[:, 0] == logits[seq.first_row:].argmax(axis=1)).all()
+            np.testing.assert_allclose(seq.hidden, hidden[seq.first_row:], atol=2e-2, rtol=1e-2)
+        # The MT-Bench prompt: the target's greedy answer, rows from the last prompt token.
+        mt = by_id[(prompts[4].id, 0.0)]
+        assert mt.first_row == len(engine.prompt_tokens(prompts[4].messages)) - 1
+
+
 def test_online_fine_tuning_of_the_head(tiny_target: str, head_files: dict[str, object]) -> None:
     """The draft model's online loop (OnlineDistiller) trains the head too: requests are served
     with method redrafter, an update trains the head in the training process on the target's

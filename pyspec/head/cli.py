@@ -55,11 +55,12 @@ def run_train_head(args: argparse.Namespace) -> dict[str, Any]:
     deadline = time.monotonic() + args.time_budget if args.time_budget is not None else None
     if args.prompts:
         groups = [load_prompt_slices([spec]) for spec in args.prompts]
-        plan = plan_sequences(_interleave(groups), args.temperatures, args.sampled_every)
+        plan = plan_sequences(_interleave(groups), args.temperatures, args.sampled_every, reference=args.reference)
         bar = _progress("data")
         bar.total = len(plan)
         with Engine(target, n_threads=args.threads, n_ctx=args.n_ctx) as engine:
-            made, complete = make_training_data(engine, plan, data_dir, DataConfig(max_tokens=args.max_tokens),
+            config = DataConfig(max_tokens=args.max_tokens, reference_max_tokens=args.reference_max_tokens)
+            made, complete = make_training_data(engine, plan, data_dir, config,
                                                 on_sequence=lambda done, total: bar.update(done - bar.n),
                                                 deadline=deadline)
         bar.close()
@@ -172,6 +173,12 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--max-tokens", type=int, default=128, help="answer length per sequence (default 128)")
     p.add_argument("--temperatures", type=_floats, default=(0.0, 0.8),
                    help="decoding of the answers: 0 greedy, > 0 sampled (default 0,0.8)")
+    p.add_argument("--reference", action="store_true",
+                   help="teacher forcing: evaluate each prompt's reference answer (HumanEval, GSM8K, ShareGPT) "
+                        "instead of generating one (one batched pass, no decoding); prompts without one are "
+                        "answered by the target")
+    p.add_argument("--reference-max-tokens", type=int, default=384,
+                   help="reference answers cut to this many tokens (default 384)")
     p.add_argument("--sampled-every", type=int, default=3, help="sampled answers for every N-th prompt (default 3)")
     p.add_argument("--kept-vocab", type=int, default=16384, help="tokens the head predicts (default 16384)")
     p.add_argument("--res-layers", type=int, default=1, help="ResNet layers (default 1)")
