@@ -16,9 +16,9 @@ answer's later tokens from those rows, so only the rows from the last prompt tok
 Reference sequences (teacher forcing, SequenceSpec.source == "reference"): instead of the
 target's own answer, the prompt's reference text (a HumanEval canonical solution in a code fence,
 a GSM8K worked answer, a ShareGPT reply; `reference_answer`) is appended and evaluated in the
-same single pass. No decoding is needed, so a sequence costs one batched prompt evaluation, about
-4x the throughput of one-token decoding on this machine; the distillation targets are still the
-target's own distributions at every row. Such a sequence also keeps the rows of the user's
+same single pass. No decoding is needed, so a sequence costs one batched evaluation instead of a
+generation and an evaluation; the distillation targets are still the target's own distributions
+at every row. Such a sequence also keeps the rows of the user's
 message (from the end of the chat template's fixed preamble), which the target's distributions
 label just as well.
 
