@@ -36,6 +36,7 @@ public:
 
     void begin(const std::vector<int32_t>& prompt) override {
         reset();
+        n_prompt_ = int32_t(prompt.size());
         for (auto& by_hash : index_) by_hash.reserve(prompt.size());
         extend(prompt);
     }
@@ -59,10 +60,13 @@ public:
             out.tokens.push_back(token);
         }
         // Node i continues a match of match.n + i tokens (spec/schedule.h, node kinds), except
-        // the last one before a stop token.
+        // the last one before a stop token; a short match inside the output is its own kind.
         const int32_t n_matched = matched_length(match);
+        const bool short_output_match = start > n_prompt_ && n_matched < kLongOutputMatch;
         out.kinds.resize(out.tokens.size());
-        for (size_t i = 0; i < out.tokens.size(); ++i) out.kinds[i] = kind_lookup(n_matched + int32_t(i));
+        for (size_t i = 0; i < out.tokens.size(); ++i) {
+            out.kinds[i] = short_output_match ? kind_lookup_output(n_matched) : kind_lookup(n_matched + int32_t(i));
+        }
         if (stopped && !out.kinds.empty()) out.kinds.back() = kind_lookup_end();
         stats_.n_proposed += int64_t(out.tokens.size());
     }
@@ -143,6 +147,7 @@ private:
 
     LookupParams params_;
     std::vector<int32_t> tokens_;  // [n_tokens] the committed sequence seen so far
+    int32_t n_prompt_ = 0;         // tokens_[0, n_prompt_) is the request's prompt
     int32_t n_indexed_ = 0;        // n-grams ending at positions < n_indexed_ are in the index
     // [ngram_max - ngram_min + 1] per n-gram length n (from ngram_min): hash of the n tokens ->
     // position of the token that followed their most recent occurrence.

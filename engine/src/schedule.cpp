@@ -60,12 +60,21 @@ int32_t match_bucket(int32_t match_len) {
 constexpr int32_t kFirstLookup = 1, kFirstPool = kFirstLookup + kMatchBuckets;
 constexpr int32_t kFirstModel = kFirstPool + kMatchBuckets, kModelKinds = 10;
 constexpr int32_t kLookupEnd = kFirstModel + kModelKinds;
-static_assert(kLookupEnd < kNumKinds, "node kinds must fit kNumKinds");
+constexpr int32_t kFirstLookupOutput = kLookupEnd + 1;
+static_assert(kFirstLookupOutput + kMatchBuckets <= kNumKinds, "node kinds must fit kNumKinds");
+
+bool is_lookup_output_kind(int32_t kind) {
+    return kind >= kFirstLookupOutput && kind < kFirstLookupOutput + kMatchBuckets;
+}
 
 double prior_mean(int32_t kind) {
     if (is_model_kind(uint8_t(kind))) return (kind - kFirstModel + 0.5) / kModelKinds;
     if (kind >= kFirstLookup && kind < kFirstModel) {
         const double m = kBucketStart[(kind - kFirstLookup) % kMatchBuckets];
+        return m / (m + 2.0);
+    }
+    if (is_lookup_output_kind(kind)) {
+        const double m = kBucketStart[kind - kFirstLookupOutput];
         return m / (m + 2.0);
     }
     return 0.5;
@@ -84,8 +93,13 @@ uint8_t kind_model(float probability) {
     return uint8_t(kFirstModel + decile);
 }
 uint8_t kind_lookup_end() { return uint8_t(kLookupEnd); }
+uint8_t kind_lookup_output(int32_t root_match_len) {
+    return uint8_t(kFirstLookupOutput + match_bucket(root_match_len));
+}
 bool is_model_kind(uint8_t kind) { return kind >= kFirstModel && kind < kFirstModel + kModelKinds; }
-bool kind_has_depth(uint8_t kind) { return kind < kFirstLookup || is_model_kind(kind); }
+bool kind_has_depth(uint8_t kind) {
+    return kind < kFirstLookup || is_model_kind(kind) || is_lookup_output_kind(kind);
+}
 
 AcceptanceStats::AcceptanceStats() { clear(); }
 

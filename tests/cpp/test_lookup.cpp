@@ -190,6 +190,29 @@ void test_stop_tokens_end_the_continuation() {
     CHECK((lookup(seq, 4) == Tokens{3, 4, 90, 91}));
 }
 
+void test_short_matches_in_the_output_have_their_own_kind() {
+    // Prompt [5 1 2 3 6 1 2]: the suffix [1 2] matches inside the prompt -> match kinds by
+    // effective length. Output [7 8 9 7 8]: [7 8] matches inside the output -> the output kind of
+    // its root length, at every depth.
+    auto drafter = spec::make_prompt_lookup_drafter(spec::LookupParams{});
+    spec::SamplingParams sampling;
+    spec::Rng rng(0);
+    spec::Draft out;
+    const Tokens prompt = {5, 1, 2, 3, 6, 1, 2};
+    drafter->begin(prompt);
+    spec::DraftRequest in_prompt{&prompt, 2, &sampling, &rng};
+    drafter->draft(in_prompt, out);
+    CHECK((out.tokens == Tokens{3, 6}) && out.kinds[0] == spec::kind_lookup(2) && out.kinds[1] == spec::kind_lookup(3));
+    const Tokens head = {5, 4};
+    const Tokens seq = {5, 4, 7, 8, 9, 7, 8};
+    drafter->begin(head);
+    spec::DraftRequest in_output{&seq, 3, &sampling, &rng};
+    drafter->draft(in_output, out);
+    CHECK((out.tokens == Tokens{9, 7, 8}));
+    CHECK(out.kinds.size() == 3 && out.kinds[0] == spec::kind_lookup_output(2) &&
+          out.kinds[2] == spec::kind_lookup_output(2));
+}
+
 void test_validation() {
     CHECK(throws_invalid([] { make_drafter(3, 0); }, "ngram_min=0"));
     CHECK(throws_invalid([] { make_drafter(2, 3); }, "1 <= ngram_min <= ngram_max <= 16"));
@@ -211,6 +234,7 @@ int main() {
     test_begin_forgets_the_previous_request();
     test_counters();
     test_stop_tokens_end_the_continuation();
+    test_short_matches_in_the_output_have_their_own_kind();
     test_validation();
     std::printf("%d checks, %d failed\n", g_checks, g_failures);
     return g_failures == 0 ? 0 : 1;

@@ -56,6 +56,11 @@ void test_kinds() {
     CHECK(is_model_kind(kind_model(0.0f)) && is_model_kind(kind_model(1.0f)));
     CHECK(!kind_has_depth(kind_lookup(5)) && !kind_has_depth(kind_pool(5)));
     CHECK(kind_has_depth(kind_model(0.5f)) && kind_has_depth(kKindUnknown));
+    // Short matches inside the output: their own kinds, keyed by depth as well.
+    CHECK(kind_lookup_output(3) != kind_lookup(3) && kind_lookup_output(3) != kind_pool(3));
+    CHECK(kind_lookup_output(3) != kind_lookup_output(4) && kind_lookup_output(9) == kind_lookup_output(10));
+    CHECK(kind_has_depth(kind_lookup_output(3)) && !is_model_kind(kind_lookup_output(16)));
+    CHECK(kind_lookup_output(16) < kNumKinds && kind_lookup_output(1) != kind_lookup_end());
 }
 
 void test_acceptance_stats() {

@@ -59,6 +59,14 @@ uint8_t kind_model(float probability);    // draft model, by the draft's probabi
 // closing fence of a pasted code block). Its own kind keeps that turn from counting against the
 // long matches that lead to it. 43.
 uint8_t kind_lookup_end();
+// A prompt-lookup continuation copied from the request's own output (not its prompt) after a
+// match shorter than kLongOutputMatch tokens: keyed by that root match length and by depth, not
+// by the effective length. Copies of the prompt go on the longer they have run (a quoted text);
+// short matches inside the output mostly do not, however deep (measured on the HumanEval, edit,
+// MT-Bench and GSM8K outputs: after a 3-4-token match in the output the next token follows with
+// P ~0.6 at every depth up to 8, after one in the prompt with P 0.8 rising to 0.98). 44..59.
+constexpr int32_t kLongOutputMatch = 17;
+uint8_t kind_lookup_output(int32_t root_match_len);
 bool is_model_kind(uint8_t kind);
 // Whether a node's acceptance is also keyed by its depth (draft-model and unknown nodes);
 // context-match kinds carry their depth in the match length already.
