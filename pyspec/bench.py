@@ -1,7 +1,7 @@
 """`pyspec bench`: decoding methods side by side on a prompt suite, in one run.
 
-For each prompt every method runs back to back (A B A B ...), so machine drift hits all methods
-alike; each method is warmed up first; decoding is greedy through the chat template. Methods that
+For each prompt every method runs back to back (A B C, then B C A, ...: the order rotates by one
+per prompt), so machine drift hits all methods alike and none always runs in the same slot; each method is warmed up first; decoding is greedy through the chat template. Methods that
 use the phrase pool keep one pool per method across the prompts (history reuse as in serving; a
 method never sees another method's answer to the same prompt). Besides pyspec's own methods,
 peers run with the same threads, context size, weight-repacking setting and greedy decoding
@@ -268,8 +268,11 @@ def run_bench(
         runs: dict[str, list[PromptRun]] = {m.label: [] for m in specs}
         bar = tqdm(total=len(inputs) * len(specs), desc="bench", unit="run", file=sys.stderr, disable=not progress)
         with bar:
-            for pid, tokens, prompt_file in inputs:
-                for m in specs:
+            for i, (pid, tokens, prompt_file) in enumerate(inputs):
+                # The order rotates by one method per prompt: no method always runs in the same
+                # slot (first after the previous prompt's last run, or right after a tool
+                # process has exited and released its memory).
+                for m in specs[i % len(specs):] + specs[:i % len(specs)]:
                     bar.set_postfix_str(f"{pid} {m.label}", refresh=False)
                     runs[m.label].append(run(m, pid, tokens, prompt_file, max_tokens))
                     bar.update(1)
