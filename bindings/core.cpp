@@ -239,7 +239,8 @@ NB_MODULE(_core, m) {
         .def_ro("gamma", &spec::ChainPlan::gamma)
         .def_ro("expected_tokens", &spec::ChainPlan::expected_tokens)
         .def_ro("ms", &spec::ChainPlan::ms);
-    m.def("plan_chain", &spec::plan_chain, "alpha"_a, "step_ms"_a, "draft_token_ms"_a, "gamma_max"_a);
+    m.def("plan_chain", &spec::plan_chain, "alpha"_a, "step_ms"_a, "draft_token_ms"_a, "gamma_max"_a,
+          "fixed_ms"_a = 0.0);
 
     nb::class_<spec::CostModel>(m, "CostModel")
         .def(nb::init<>())

@@ -23,10 +23,10 @@ constexpr double kModelMargin = 1.02;
 // The draft model's cache misses the tokens committed since it last drafted (the whole prompt
 // and output the first time it drafts in a request), and its first draft decodes them all. A
 // model that starts drafting usually drafts for several steps, so that catch-up is charged to
-// the chain's plan spread over this many steps: on a GPU, where a catch-up of hundreds of tokens
-// costs a few one-token decodes, the model can still win; on a CPU, where the draft reads the
-// prompt at a few ms per token, a chain chosen on a burst of noise in the target's one-token
-// time can no longer pay a second of prompt reading for one step of a few tokens.
+// the chain's plan (plan_chain's fixed cost) spread over this many steps: where reading a prompt
+// costs a few one-token decodes the model can still win; on this CPU, where the draft reads it
+// at several ms per token, a chain chosen on a burst of noise in the target's one-token time can
+// no longer pay a second of prompt reading for one step of a few tokens.
 constexpr double kCatchUpSteps = 4.0;
 
 // Probes of the cost model (plan_probe in spec/schedule.h): after this many plain steps in a row,
@@ -80,8 +80,8 @@ public:
         const DraftPlan free_plan = plan_draft(free_parents, free_.kinds, acceptance_, step_ms_, 0.0);
 
         if (model_) {
-            ChainPlan chain_plan = plan_chain(acceptance_.model_acceptance(), step_ms_, draft_decode_ms(), gamma_max);
-            chain_plan.ms += catch_up_ms(int32_t(request.tokens->size())) / kCatchUpSteps;
+            const ChainPlan chain_plan = plan_chain(acceptance_.model_acceptance(), step_ms_, draft_decode_ms(),
+                                                    gamma_max, catch_up_ms(request) / kCatchUpSteps);
             if (chain_plan.gamma > 0 && chain_plan.tokens_per_ms() > kModelMargin * free_plan.tokens_per_ms()) {
                 draft_with_model(request, chain_plan.gamma, out);
                 return;
@@ -104,8 +104,9 @@ public:
     void accept(const std::vector<int32_t>& committed, int32_t n_accepted) override {
         stats_.n_accepted += n_accepted;
         if (used_ && used_ == chain_.get()) {
-            // The chain keeps its cache up to the accepted path (the next token is still missing).
-            model_synced_ = model_draft_position_ + n_accepted;
+            // The chain keeps its cache up to the accepted path; the target's next token is not in
+            // it (nor, after a wholly accepted chain, its last token: one more token to read).
+            model_synced_ = int32_t(committed.size()) - 1;
             // The accepted path and the target's next token.
             const int32_t* actual = committed.data() + committed.size() - size_t(n_accepted) - 1;
             acceptance_.record_outcome(model_draft_.tokens, model_draft_.parents, model_draft_.kinds, actual,
@@ -139,21 +140,20 @@ private:
     void draft_with_model(const DraftRequest& request, int32_t gamma, Draft& out) {
         const auto t0 = std::chrono::steady_clock::now();
         // The chain drafter catches up on the tokens committed since it last drafted itself.
-        const bool fresh = !chain_;
-        if (fresh) {
+        if (!chain_) {
             chain_ = make_model_chain_drafter(*model_);
             chain_->begin(*request.tokens);  // catches up on the prompt and the output so far
         }
+        // Its one-token cost is learnt only from drafts without a catch-up (charged apart).
+        const bool in_sync = int32_t(request.tokens->size()) - model_synced_ <= 2;
         const int64_t decodes_before = chain_->stats().n_model_decodes;
         DraftRequest model_request = request;
         model_request.n_draft_max = gamma;
         chain_->draft(model_request, out);
         used_ = chain_.get();
-        model_draft_position_ = int32_t(request.tokens->size());
         const double sunk_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-        // The first draft also filled the model's cache with the whole prompt: not a step's cost.
         const int64_t n_decodes = chain_->stats().n_model_decodes - decodes_before;
-        if (!fresh && n_decodes > 0) draft_costs_.observe(1, sunk_ms / double(n_decodes));
+        if (in_sync && n_decodes > 0) draft_costs_.observe(1, sunk_ms / double(n_decodes));
         if (request.sampling->greedy()) {
             // The chain's length may depend on the drafted tokens only when they are not sampled.
             if (step_ms_.size() < out.tokens.size() + 2) {
@@ -169,18 +169,17 @@ private:
     }
 
     // What one draft-model decode costs now, for plan_chain: the draft's calibrated one-token
-    // time, corrected (a CostModel, as the target's) by the measured drafting time per decode,
-    // catching up on committed tokens included, from the model's second draft of the request on:
-    // the draft model slows down with the machine as the target does, and a plan that believes it
-    // cheap drafts chains that lose.
+    // time, corrected (a CostModel, as the target's) by the measured drafting time per decode of
+    // the drafts that had no catch-up (catch_up_ms), from the model's second draft of the request
+    // on: the draft model slows down with the machine as the target does, and a plan that
+    // believes it cheap drafts chains that lose.
     double draft_decode_ms() const { return params_.adapt_costs ? draft_costs_.at(1) : draft_cost_->at(1); }
 
     // What the draft model's next draft pays, beyond its usual one-token decodes, to read the
-    // committed tokens its cache lacks (n_committed: the committed tokens now): one decode of
-    // them all in place of the decode of the last one (a prefill past n_batch is several decodes;
-    // the curve extended linearly stands for them).
-    double catch_up_ms(int32_t n_committed) const {
-        const int32_t behind = n_committed - model_synced_;
+    // committed tokens its cache lacks: one decode of them all in place of the decode of the last
+    // one (a prefill past n_batch is several decodes; the curve extended linearly stands for them).
+    double catch_up_ms(const DraftRequest& request) const {
+        const int32_t behind = int32_t(request.tokens->size()) - model_synced_;
         if (behind <= 1) return 0.0;
         const double per_size = params_.adapt_costs ? draft_costs_.at(behind) : draft_cost_->at(behind);
         return std::max(0.0, per_size - draft_decode_ms());
@@ -209,8 +208,7 @@ private:
     AutoParams params_;
     Drafter* used_ = nullptr;         // the drafter whose proposal went out last step (null: none)
     int32_t plain_steps_ = 0;         // plain steps since the last draft (probes, see kProbeAfterPlainSteps)
-    int32_t model_synced_ = 0;        // committed tokens the draft model's cache holds
-    int32_t model_draft_position_ = 0;  // committed tokens when the model last drafted
+    int32_t model_synced_ = 0;        // committed tokens the draft model's cache holds (at most)
     CostModel draft_costs_;           // prior: *draft_cost_; observed: ms per draft decode (size 1)
     Draft free_;
     Draft model_draft_;  // the model's last draft as verified (tokens, parents, kinds)

@@ -216,7 +216,8 @@ DraftPlan plan_draft(const std::vector<int32_t>& parents, const std::vector<uint
     return best;
 }
 
-ChainPlan plan_chain(double alpha, const std::vector<double>& step_ms, double draft_token_ms, int32_t gamma_max) {
+ChainPlan plan_chain(double alpha, const std::vector<double>& step_ms, double draft_token_ms, int32_t gamma_max,
+                     double fixed_ms) {
     if (int32_t(step_ms.size()) < gamma_max + 2) {
         throw InvalidArgumentError("plan_chain: a cost table of " + std::to_string(step_ms.size()) +
                                    " entries for chains of up to " + std::to_string(gamma_max) + " tokens");
@@ -227,7 +228,7 @@ ChainPlan plan_chain(double alpha, const std::vector<double>& step_ms, double dr
     for (int32_t g = 1; g <= gamma_max; ++g) {
         reach *= alpha;
         tokens += reach;
-        const double ms = g * draft_token_ms + step_ms[size_t(g + 1)];
+        const double ms = fixed_ms + g * draft_token_ms + step_ms[size_t(g + 1)];
         if (tokens / ms > best.tokens_per_ms()) best = {g, tokens, ms};
     }
     return best;

@@ -207,6 +207,13 @@ void test_plan_chain() {
     CHECK(one.gamma == 1);
     CHECK_NEAR(one.expected_tokens, 1.5, 1e-12);
     CHECK_NEAR(one.ms, 120, 1e-12);
+    // A fixed cost (the draft's catch-up) is spread best over a longer chain, and a big one
+    // makes plain decoding better: alpha 0.7, draft 10 ms, verification 100 ms for any size.
+    const std::vector<double> flat = table(curve({1, 16}, {100, 100}), 16);
+    CHECK(plan_chain(0.7, flat, 10.0, 8).gamma == 4);
+    CHECK(plan_chain(0.7, flat, 10.0, 8, 100.0).gamma == 6);
+    CHECK(plan_chain(0.7, flat, 10.0, 8, 300.0).gamma == 0);
+    CHECK_NEAR(plan_chain(0.7, flat, 10.0, 8, 100.0).ms, 100 + 60 + 100, 1e-12);
 }
 
 void test_keep_nodes() {

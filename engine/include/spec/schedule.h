@@ -63,8 +63,9 @@ uint8_t kind_lookup_end();
 // match shorter than kLongOutputMatch tokens: keyed by that root match length and by depth, not
 // by the effective length. Copies of the prompt go on the longer they have run (a quoted text);
 // short matches inside the output mostly do not, however deep (measured on the HumanEval, edit,
-// MT-Bench and GSM8K outputs: after a 3-4-token match in the output the next token follows with
-// P ~0.6 at every depth up to 8, after one in the prompt with P 0.8 rising to 0.98). 44..59.
+// MT-Bench and GSM8K outputs, benchmarks/match_continuation.py: after a 3-4-token match in the
+// output the next token follows with P 0.57-0.73 at depths 0-4, after one in the prompt with P
+// 0.8 rising to 0.98). 44..59.
 constexpr int32_t kLongOutputMatch = 17;
 uint8_t kind_lookup_output(int32_t root_match_len);
 bool is_model_kind(uint8_t kind);
@@ -154,7 +155,11 @@ struct ChainPlan {
     double ms = 0.0;
     double tokens_per_ms() const { return ms > 0 ? expected_tokens / ms : 0.0; }
 };
-ChainPlan plan_chain(double alpha, const std::vector<double>& step_ms, double draft_token_ms, int32_t gamma_max);
+// fixed_ms: paid once by any chain (gamma >= 1), not by plain decoding: what the draft must do
+// before its first draft token, such as reading the committed tokens its cache lacks. A longer
+// chain spreads it over more expected tokens, so it takes part in choosing gamma.
+ChainPlan plan_chain(double alpha, const std::vector<double>& step_ms, double draft_token_ms, int32_t gamma_max,
+                     double fixed_ms = 0.0);
 
 // Keeps only the nodes `keep` (increasing, prefix-closed) of a tree given by tokens / parents /
 // kinds / probs rows (each may be empty where the draft has none; parents empty: a chain, which
