@@ -6,17 +6,15 @@ With greedy decoding the committed tokens do not depend on the drafts, so `none`
 depend only on those tokens, its acceptance statistics and the cost curve (the engine's
 `_core.replay_auto`, spec/replay.h). Each step is charged the curve's time of its size, so a
 scheduling change can be judged in seconds on a busy machine; the curve is the cached
-calibration of the target (`pyspec calibrate`, taken on a quiet machine). Also replayed on the
-same tokens and curve, for reference: llama.cpp's n-gram modes as their documented rules read
-(key of 12 tokens, up to 48 drafted, the next draft from a key as long as the last one accepted
-for it: `ngram-map-k`; a 12-token key, 48 tokens: `ngram-simple`). These are models of the peers,
-not the peers: the real comparison is `pyspec bench` on a quiet machine.
+calibration of the target (`pyspec calibrate`, taken on a quiet machine). It compares scheduling
+rules of `auto` with each other; against llama.cpp's own speculation, only `pyspec bench` with
+its llama.cpp peers on a quiet machine measures anything.
 
     python benchmarks/auto_replay.py --bench benchmarks/results/vs_llama_cpp_humaneval.json
     python benchmarks/auto_replay.py --suite edit --n 20 --max-tokens 192   # generates, cached
 
-Prints per suite: modelled tokens/s of `none`, `auto` and the peer models, ratios (medians of
-per-prompt ratios), tokens per target call and the share of plain steps; `--per-prompt` for a
+Prints per suite: modelled tokens/s of `none` and `auto`, their ratio (median of per-prompt
+ratios), tokens per target call and the share of plain steps; `--per-prompt` for a
 row per prompt. What the replay leaves out: the draft model (auto's proposals are prompt lookup
 and pool phrases only) and the pool's harvest of rejected drafts.
 """
@@ -72,36 +70,6 @@ def model_cost(curve: Any, sizes: list[int]) -> float:
     return sum(curve.at(k) for k in sizes)
 
 
-def ngram_map_k(prompt: list[int], output: list[int], key: int = 12, m: int = 48,
-                keep_last: bool = True) -> list[int]:
-    """Step sizes of a model of llama.cpp's ngram-map-k (keep_last) or ngram-simple on known
-    greedy output: draft the m tokens that followed the most recent earlier occurrence of the last
-    `key` tokens; map-k drafts no more than were accepted the last time the same key drafted."""
-    seq = list(prompt)
-    last_accepted: dict[tuple[int, ...], int] = {}
-    sizes, done = [], 0
-    while done < len(output):
-        draft: list[int] = []
-        k = tuple(seq[-key:])
-        if len(seq) > key:
-            for j in range(len(seq) - key - 1, -1, -1):
-                if tuple(seq[j:j + key]) == k:
-                    n = min(m, last_accepted.get(k, m)) if keep_last else m
-                    draft = seq[j + key:j + key + n]
-                    break
-        draft = draft[:max(0, len(output) - done - 1)]
-        acc = 0
-        while acc < len(draft) and draft[acc] == output[done + acc]:
-            acc += 1
-        if draft and keep_last:
-            last_accepted[k] = acc
-        sizes.append(1 + len(draft))
-        n_commit = min(acc + 1, len(output) - done)
-        seq += output[done:done + n_commit]
-        done += n_commit
-    return sizes
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bench", type=Path, action="append", default=[], help="pyspec bench --json file(s) with none")
@@ -130,29 +98,24 @@ def main() -> int:
         ids = [pid for pid, tokens in runs if tokens]
         replayed = _core.replay_auto(requests, core_curve, params.lookup, params.pool, params.scheduler)
         rows = []
-        for pid, (prompt, output), (sizes, accepted) in zip(ids, requests, replayed):
+        for pid, (_, output), (sizes, accepted) in zip(ids, requests, replayed):
             n = len(output)
             t_none = n * curve.at(1)
             t_auto = model_cost(curve, list(sizes))
-            t_mapk = model_cost(curve, ngram_map_k(prompt, output))
-            t_simple = model_cost(curve, ngram_map_k(prompt, output, keep_last=False))
             rows.append({"prompt_id": pid, "n": n, "none": n / t_none * 1e3, "auto": n / t_auto * 1e3,
-                         "map_k": n / t_mapk * 1e3, "simple": n / t_simple * 1e3,
                          "calls": len(sizes), "plain": sum(1 for k in sizes if k == 1) / len(sizes),
                          "drafted": sum(sizes) - len(sizes), "accepted": sum(accepted)})
         med = lambda key: statistics.median(r[key] for r in rows)  # noqa: E731
         ratio = lambda a, b: statistics.median(r[a] / r[b] for r in rows)  # noqa: E731
-        best = statistics.median(r["auto"] / max(r["map_k"], r["simple"]) for r in rows)
-        print(f"{suite}: {len(rows)} prompts; modelled tok/s none {med('none'):.1f}, auto {med('auto'):.1f}, "
-              f"map-k {med('map_k'):.1f}, simple {med('simple'):.1f}; auto/none {ratio('auto', 'none'):.2f}x, "
-              f"auto/map-k {ratio('auto', 'map_k'):.2f}x, auto/best model {best:.2f}x; "
-              f"tokens/call {statistics.median(r['n'] / r['calls'] for r in rows):.2f}, "
+        tokens_per_call = statistics.median(r["n"] / r["calls"] for r in rows)
+        print(f"{suite}: {len(rows)} prompts; modelled tok/s none {med('none'):.1f}, auto {med('auto'):.1f}; "
+              f"auto/none {ratio('auto', 'none'):.2f}x; tokens/call {tokens_per_call:.2f}, "
               f"plain steps {med('plain'):.0%}, accepted/drafted "
               f"{sum(r['accepted'] for r in rows) / max(1, sum(r['drafted'] for r in rows)):.2f}")
         if args.per_prompt:
             for r in rows:
-                print(f"  {r['prompt_id']:<16} auto {r['auto']:5.1f} map-k {r['map_k']:5.1f} simple {r['simple']:5.1f} "
-                      f"calls {r['calls']:3d} drafted {r['drafted']:4d} accepted {r['accepted']:4d}")
+                print(f"  {r['prompt_id']:<16} auto {r['auto']:5.1f} calls {r['calls']:3d} "
+                      f"drafted {r['drafted']:4d} accepted {r['accepted']:4d}")
         report[suite] = rows
     if args.json:
         args.json.write_text(json.dumps(report, indent=1), encoding="utf-8")

@@ -1,8 +1,9 @@
 """`pyspec bench`: decoding methods side by side on a prompt suite, in one run.
 
 For each prompt every method runs back to back (A B C, then B C A, ...: the order rotates by one
-per prompt), so machine drift hits all methods alike and none always runs in the same slot; each method is warmed up first; decoding is greedy through the chat template. Methods that
-use the phrase pool keep one pool per method across the prompts (history reuse as in serving; a
+per prompt), so machine drift hits all methods alike and none always runs in the same slot; each
+method is warmed up first; decoding is greedy through the chat template. Methods that use the
+phrase pool keep one pool per method across the prompts (history reuse as in serving; a
 method never sees another method's answer to the same prompt). Besides pyspec's own methods,
 peers run with the same threads, context size, weight-repacking setting and greedy decoding
 (`pyspec.bench_peers`): llama-cpp-python's plain generation and prompt-lookup decoding on the

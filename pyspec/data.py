@@ -198,7 +198,8 @@ def sharegpt_prompts(records: Iterator[dict[str, Any]]) -> Iterator[Prompt]:
         first = (turns[0].get("value") or "").strip()
         if not first:
             continue
-        reply = turns[1].get("value") or "" if len(turns) > 1 and turns[1].get("from") in ("gpt", "assistant") else ""
+        replied = len(turns) > 1 and turns[1].get("from") in ("gpt", "assistant")
+        reply = (turns[1].get("value") or "") if replied else ""
         yield Prompt(id=f"sharegpt/{r.get('id', '')}", suite="sharegpt", text=first,
                      messages=_user(first), meta={"answer": reply.strip()})
 
