@@ -10,7 +10,7 @@ import json
 import sys
 from typing import Any
 
-from .online.config import EXPORT_TYPES  # no torch: the export types are plain names
+from .online.config import EXPORT_TYPES, DistillConfig  # no torch: plain settings
 
 
 def _acceptance(engine: Any, prompts: list[list[int]], max_tokens: int) -> float:
@@ -26,11 +26,12 @@ def _acceptance(engine: Any, prompts: list[list[int]], max_tokens: int) -> float
 def _cmd_distill(args: argparse.Namespace) -> int:
     from .data import load_suite
     from .engine import Engine
-    from .online import DistillConfig, export_gguf, load_gguf
+    from .online import export_gguf, load_gguf
     from .online.offline import distill_offline
 
     config = DistillConfig(loss=args.loss, tau=args.tau, top_k=args.top_k, lr=args.lr, batch_size=args.batch_size,
-                           train_threads=args.train_threads, export_dtype=args.dtype, seed=args.seed)
+                           train_vocab=args.train_vocab, train_threads=args.train_threads, export_dtype=args.dtype,
+                           seed=args.seed)
     with Engine(args.target, draft=args.draft, n_ctx=args.n_ctx, n_threads=args.threads) as engine:
         suite = load_suite(args.suite, args.n + args.eval)
         prompts = [engine.prompt_tokens(p.render(chat=not args.raw)) for p in suite]
@@ -87,6 +88,8 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--raw", action="store_true", help="raw prompt text instead of the chat template")
     p.add_argument("--threads", type=int, default=None, help="engine CPU threads (default: all cores)")
     p.add_argument("--train-threads", type=int, default=1, help="torch CPU threads (default 1)")
+    p.add_argument("--train-vocab", action=argparse.BooleanOptionalAction, default=DistillConfig.train_vocab,
+                   help="train the embedding and output matrices too (--no-train-vocab freezes them)")
     p.add_argument("--n-ctx", type=int, default=4096)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(handler=_cmd_distill)

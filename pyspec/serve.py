@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from .config import METHODS, GenerationConfig
+from .online.config import DistillConfig  # no torch: plain settings
 
 
 def register_cli(sub: Any) -> None:
@@ -55,6 +56,10 @@ def register_cli(sub: Any) -> None:
     online.add_argument("--online-buffer", type=int, default=4096, help="training positions buffered (default 4096)")
     online.add_argument("--online-lr", type=float, default=1e-4)
     online.add_argument("--online-train-threads", type=int, default=1, help="PyTorch threads while training")
+    online.add_argument("--online-train-vocab", action=argparse.BooleanOptionalAction,
+                        default=DistillConfig.train_vocab,
+                        help="train the draft's embedding and output matrices too (--no-online-train-vocab "
+                             "freezes them: less memory and time per update)")
     online.add_argument("--online-work-dir", default=None, help="where trained drafts are written (default: temporary)")
     p.set_defaults(handler=_cmd_serve)
 
@@ -83,6 +88,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if args.online:
         online = OnlineSettings(update_interval=args.online_interval, buffer_limit=args.online_buffer,
                                 lr=args.online_lr, train_threads=args.online_train_threads,
+                                train_vocab=args.online_train_vocab,
                                 work_dir=args.online_work_dir)
     settings = ServerSettings(
         target=args.target, draft=args.draft, model_name=args.model_name, n_ctx=args.n_ctx, n_batch=args.n_batch,

@@ -49,6 +49,11 @@ class HeadDraft:
         self.module, self.info = load_head(path)
         self.dtype = config.export_dtype if config.export_dtype in ("f32", "f16", "q8_0") else "q8_0"
 
+    def vocab_parameters(self) -> list:  # -> list[torch.nn.Parameter]
+        """The head's own output matrix (config.train_vocab=False freezes it); a head sharing the
+        target's output and its embedding holds them as buffers, never trained."""
+        return [] if self.module.config.share_output else [self.module.output_weight]
+
     def row_logits(self, sample: TraceSample):  # -> torch.Tensor [n_rows, n_vocab]
         import torch
 

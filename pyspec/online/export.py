@@ -8,6 +8,10 @@ bf16 and q8_0 are written directly; every other llama.cpp type is written as f32
 llama.cpp's own quantizer (`_core.quantize_model`, llama_model_quantize), which also reproduces
 the source's K-quant and mixed-type tensors. Vectors (norms, biases) stay F32.
 
+Tensors the caller left as loaded (`unchanged`: a trainer's frozen vocabulary matrices) are
+copied byte for byte from the source whenever they are written in their source type: dequantizing
+and quantizing again need not give back the same bytes, and the copy skips the encoding's cost.
+
 Reading the source's metadata takes seconds for a real vocabulary; `ExportTemplate.read` does it
 once and every later export of the same model reuses it.
 """
@@ -16,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +56,7 @@ class ExportTemplate:
     tensor_names: tuple[str, ...]         # the source's order
     tensor_types: dict[str, gguf.GGMLQuantizationType]
     file_type: int | None                 # the source's general.file_type
+    tensor_spans: dict[str, tuple[int, int]]  # name -> (offset of its data in the file, bytes)
 
     @classmethod
     def read(cls, source: str | os.PathLike[str]) -> "ExportTemplate":
@@ -76,7 +81,13 @@ class ExportTemplate:
             tensor_names=tuple(t.name for t in reader.tensors),
             tensor_types={t.name: gguf.GGMLQuantizationType(t.tensor_type) for t in reader.tensors},
             file_type=file_type,
+            tensor_spans={t.name: (int(t.data_offset), int(t.n_bytes)) for t in reader.tensors},
         )
+
+    def source_bytes(self, name: str) -> np.ndarray:
+        """The source file's stored data of tensor `name` (uint8, read-only memory map)."""
+        offset, n_bytes = self.tensor_spans[name]
+        return np.memmap(self.source, dtype=np.uint8, mode="r", offset=offset, shape=(n_bytes,))
 
 
 def _fits(shape: tuple[int, ...], qtype: gguf.GGMLQuantizationType) -> bool:
@@ -116,8 +127,9 @@ def _temporary(path: Path) -> Iterator[Path]:
 
 
 def _write(template: ExportTemplate, params: dict[str, torch.Tensor], out: Path,
-           types: dict[str, gguf.GGMLQuantizationType], file_type: int) -> None:
-    """Writes a GGUF with the template's metadata and `params` in `types` to `out` (fsynced)."""
+           types: dict[str, gguf.GGMLQuantizationType], file_type: int, copied: Collection[str] = ()) -> None:
+    """Writes a GGUF with the template's metadata and `params` in `types` to `out` (fsynced);
+    the tensors named in `copied` (each in its source type) are the source's bytes."""
     shapes = expected_shapes(template.config)
     writer = gguf.GGUFWriter(out, template.arch)
     if template.alignment is not None:
@@ -136,6 +148,9 @@ def _write(template: ExportTemplate, params: dict[str, torch.Tensor], out: Path,
         writer.write_ti_data_to_file()
         with torch.no_grad():
             for name in template.tensor_names:
+                if name in copied:
+                    writer.write_tensor_data(template.source_bytes(name))
+                    continue
                 values = params[name].detach().to("cpu", torch.float32).numpy()
                 writer.write_tensor_data(_encode(values, types[name]))
         assert writer.fout is not None
@@ -182,6 +197,7 @@ def export_gguf(
     source: str | os.PathLike[str] | None = None,
     template: ExportTemplate | None = None,
     n_threads: int = 0,
+    unchanged: Collection[str] = (),
 ) -> Path:
     """Write `model` to `out` as GGUF with the metadata of `source` (default: model.source_path).
 
@@ -189,6 +205,8 @@ def export_gguf(
     f16, bf16, q8_0 (a matrix whose rows are not whole blocks falls back to F16), or a llama.cpp
     type such as q4_k_m or q5_0. template: ExportTemplate.read(source), to skip re-reading the
     source's metadata on every export. n_threads: llama.cpp's quantizer (0: all cores).
+    unchanged: GGUF names of tensors whose weights are still the source's (frozen in training);
+    with dtype "source" (or a direct type equal to theirs) their source bytes are copied.
     The source must have exactly the model's tensors and shapes. The file appears atomically:
     written beside `out`, fsynced, then renamed over it; a failure leaves `out` as it was.
     """
@@ -208,16 +226,29 @@ def export_gguf(
         raise ValueError(f"{template.source}: its tensors differ from the model's "
                          f"({sorted(set(template.tensor_names) ^ set(params))[:5]})")
     types, file_type, overrides = _plan(template, dtype)
+    unknown = set(unchanged) - set(shapes)
+    if unknown:
+        raise ValueError(f"unchanged names tensors the model does not have: {sorted(unknown)}")
+    copied: set[str] = set()
+    if overrides is None or dtype == "source":
+        # In the source plan the quantizer's input may hold a tensor in its final type already;
+        # llama.cpp then copies it unchanged.
+        target = dict(overrides) if overrides else {}
+        for name in unchanged:
+            source_type = template.tensor_types[name]
+            if int(target.get(name, types[name])) == int(source_type):
+                types = {**types, name: source_type}
+                copied.add(name)
 
     out_path = Path(out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_path.with_name(f".{out_path.name}.tmp-{os.getpid()}")
     with _temporary(tmp):
         if overrides is None:
-            _write(template, params, tmp, types, file_type)
+            _write(template, params, tmp, types, file_type, copied)
         else:
             with _temporary(out_path.with_name(f".{out_path.name}.f32-{os.getpid()}")) as f32:
-                _write(template, params, f32, types, int(gguf.LlamaFileType.ALL_F32))
+                _write(template, params, f32, types, int(gguf.LlamaFileType.ALL_F32), copied)
                 try:
                     _core.quantize_model(str(f32), str(tmp), file_type, overrides, n_threads)
                 finally:

@@ -117,6 +117,10 @@ class DraftModel(nn.Module):
         """[n_vocab, n_embd]: output.weight, or token_embd.weight when the two are tied."""
         return self.token_embd.weight if self.output is None else self.output.weight
 
+    def vocab_parameters(self) -> list[nn.Parameter]:
+        """The matrices indexed by vocabulary: token_embd.weight, and output.weight unless tied."""
+        return [self.token_embd.weight] + ([self.output.weight] if self.output is not None else [])
+
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return F.linear(self.hidden_states(tokens), self.output_weight)  # [..., n_tokens, n_vocab]
 

@@ -4,7 +4,8 @@ For each TraceSample the student runs once over the sample's tokens; only the ro
 trains are projected to logits (a whole sequence's logits are [n_tokens, n_vocab], large for real
 vocabularies), and the chosen loss compares them with the target's top-k there
 (`losses.distill_loss`: the top-k plus a tail bucket, see losses.py). Gradients of `batch_size`
-samples are summed, weighted by rows, then one AdamW step is taken.
+samples are summed, weighted by rows, then one AdamW step is taken. With config.train_vocab
+False the vocabulary matrices are frozen (`trainable_parameters`): no gradient, no optimizer state.
 
 What is trained is a `Distillable`: a module, the logits it gives at a sample's rows, and how it
 is written out for the engine. `GGUFDraft` is the draft model of a GGUF file, exported back to
@@ -31,14 +32,17 @@ from .losses import TopK, distill_loss
 from .model import DraftModel, load_gguf
 
 __all__ = ["DistillConfig", "Distillable", "DraftTrainer", "GGUFDraft", "LR_SCHEDULES", "TEACHERS", "TrainReport",
-           "batch_loss", "make_optimizer", "sample_loss", "train", "train_step"]
+           "batch_loss", "make_optimizer", "sample_loss", "train", "train_step", "trainable_parameters",
+           "vocab_parameters"]
 
 
 @runtime_checkable
 class Distillable(Protocol):
     """A drafter the online loop can train: `module` holds the parameters the optimizer moves,
     `row_logits(sample)` gives its logits [sample.n_rows, n_vocab] at the sample's rows (with
-    grad), `export(out)` writes it where the engine can load it and returns the path."""
+    grad), `export(out)` writes it where the engine can load it and returns the path.
+    Optionally `vocab_parameters()`: its parameters indexed by vocabulary (embedding, output
+    matrix), which config.train_vocab=False freezes; a drafter without it has none to freeze."""
 
     module: torch.nn.Module
 
@@ -57,6 +61,12 @@ class GGUFDraft:
         self.template = ExportTemplate.read(self.module.source_path or path)  # read once, reused by every export
         self.export_dtype = config.export_dtype
         self.export_threads = config.train_threads
+        # Frozen vocabulary matrices still hold the source's weights: the export copies their bytes.
+        frozen = {id(p) for p in self.module.vocab_parameters()} if not config.train_vocab else set()
+        self.unchanged = [name for name, p in self.module.gguf_tensors().items() if id(p) in frozen]
+
+    def vocab_parameters(self) -> list[torch.nn.Parameter]:
+        return self.module.vocab_parameters()
 
     def row_logits(self, sample: TraceSample) -> torch.Tensor:
         tokens = torch.from_numpy(sample.tokens.astype(np.int64))
@@ -65,7 +75,7 @@ class GGUFDraft:
 
     def export(self, out: Path) -> Path:
         return export_gguf(self.module, out, dtype=self.export_dtype, template=self.template,
-                           n_threads=self.export_threads)
+                           n_threads=self.export_threads, unchanged=self.unchanged)
 
 
 Student = Union[DraftModel, Distillable]
@@ -97,8 +107,30 @@ def batch_loss(student: Student, samples: Sequence[TraceSample], config: Distill
     return torch.stack([sample_loss(student, s, config) for s in samples]).sum() / n_rows
 
 
+def vocab_parameters(student: Student) -> list[torch.nn.Parameter]:
+    """The student's vocabulary matrices (empty for a Distillable without `vocab_parameters`)."""
+    if isinstance(student, DraftModel):
+        return student.vocab_parameters()
+    named = getattr(student, "vocab_parameters", None)
+    return list(named()) if callable(named) else []
+
+
+def trainable_parameters(student: Student, config: DistillConfig) -> list[torch.nn.Parameter]:
+    """The parameters training moves. With config.train_vocab False the vocabulary matrices get
+    requires_grad False first, so backward computes no gradient for them (and the embedding's
+    dense [n_vocab, n_embd] gradient is never allocated)."""
+    if not config.train_vocab:
+        for param in vocab_parameters(student):
+            param.requires_grad_(False)
+    return [p for p in _module(student).parameters() if p.requires_grad]
+
+
 def make_optimizer(student: Student, config: DistillConfig) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(_module(student).parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    """AdamW over trainable_parameters (frozen ones hold no state in it)."""
+    params = trainable_parameters(student, config)
+    if not params:
+        raise ValueError("the student has no parameters to train (train_vocab=False froze every one)")
+    return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
 
 
 def train_step(student: Student, optimizer: torch.optim.Optimizer, samples: Sequence[TraceSample],

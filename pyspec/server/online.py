@@ -7,7 +7,7 @@ requests (Engine.reload_draft). The server process never imports torch.
 What this module assumes of pyspec.online, and nothing more: OnlineDistiller(engine, config,
 update_interval=, buffer_limit=, work_dir=) with observe(result), stats() -> an object with
 draft_version, n_updates, n_failed_updates, updating, buffer_positions, acceptance and
-last_error, and close(); DistillConfig(lr=, train_threads=). Generations are handed over through
+last_error, and close(); DistillConfig(lr=, train_threads=, train_vocab=). Generations are handed over through
 a bounded queue to a thread of their own, so the generation worker never waits on the
 distiller (if the distiller falls behind, the oldest waiting results are dropped and counted).
 """
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..engine import Engine
+from ..online.config import DistillConfig  # no torch: plain settings
 from ..results import GenerationResult
 
 log = logging.getLogger("pyspec.server")
@@ -34,6 +35,7 @@ class OnlineSettings:
     buffer_limit: int = 4096         # training positions kept (and that trigger an update early)
     lr: float = 1e-4
     train_threads: int = 1
+    train_vocab: bool = DistillConfig.train_vocab  # False: the draft's vocabulary matrices stay frozen
     work_dir: str | None = None      # where trained drafts are written (default: a temporary directory)
     backlog: int = 256               # finished generations waiting for the distiller before drops
 
@@ -42,12 +44,13 @@ class OnlineLoop:
     def __init__(self, engine: Engine, settings: OnlineSettings) -> None:
         if not engine.has_draft:
             raise ValueError("--online trains the draft model: start the server with --draft")
-        from ..online import DistillConfig, OnlineDistiller  # needs the train extra (PyTorch)
+        from ..online import OnlineDistiller  # needs the train extra (PyTorch)
 
         if settings.work_dir is not None:
             os.makedirs(settings.work_dir, exist_ok=True)
         self.distiller: Any = OnlineDistiller(
-            engine, DistillConfig(lr=settings.lr, train_threads=settings.train_threads),
+            engine,
+            DistillConfig(lr=settings.lr, train_threads=settings.train_threads, train_vocab=settings.train_vocab),
             update_interval=settings.update_interval, buffer_limit=settings.buffer_limit,
             work_dir=settings.work_dir,
         )

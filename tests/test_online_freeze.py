@@ -1,0 +1,95 @@
+"""DistillConfig(train_vocab=False): the draft's vocabulary matrices (token embedding, output
+matrix tied or not) are frozen. An update leaves them bit-identical, moves every other tensor,
+gives them no AdamW state, and the exported GGUF carries the source's bytes for them (also when
+the export re-quantizes the rest to the source's K-quant mix)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import pyspec
+from online_golden import quantize_with_llama_cpp
+from pyspec._models.tiny import build_tiny_model
+from pyspec.online import DistillConfig, TraceSample, open_gguf, samples_from_result
+from pyspec.online.trainer import DraftTrainer, make_optimizer, trainable_parameters
+
+PROMPTS = ["def add(a, b):", "The quick brown fox", "for i in range(10):", "import numpy as np"]
+VOCAB = ("token_embd.weight", "output.weight")
+
+
+@pytest.fixture(scope="module")
+def drafts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("online_freeze")
+    wide = build_tiny_model(folder / "wide.gguf", seed=5, n_embd=256, n_ff=512, n_head=4, n_head_kv=2)
+    return {
+        "llama": build_tiny_model(folder / "llama.gguf", seed=31, base_seed=0, perturb=0.3),
+        "qwen2-tied": build_tiny_model(folder / "qwen2-tied.gguf", seed=32, arch="qwen2", tied_output=True),
+        "q4_k_m": quantize_with_llama_cpp(wide, folder / "wide-q4km.gguf", "Q4_K_M"),
+    }
+
+
+@pytest.fixture(scope="module")
+def samples(tiny_target: str) -> list[TraceSample]:
+    """Every generated position of the tiny target's greedy outputs, with its full rows."""
+    with pyspec.Engine(tiny_target, n_ctx=512, n_threads=1) as engine:
+        results = [engine.generate(p, max_tokens=24, method="none", return_logits=True) for p in PROMPTS]
+    made = [samples_from_result(r, positions="all", top_k=8) for r in results]
+    return [s for s in made if s is not None]
+
+
+def source_bytes(path: Path) -> dict[str, bytes]:
+    return {t.name: np.asarray(t.data).tobytes() for t in open_gguf(path).tensors}
+
+
+@pytest.mark.parametrize("variant", ["llama", "qwen2-tied", "q4_k_m"])
+@pytest.mark.parametrize("train_vocab", [False, True])
+def test_an_update_moves_only_what_is_trained(drafts: dict[str, Path], samples: list[TraceSample], tmp_path: Path,
+                                              variant: str, train_vocab: bool) -> None:
+    config = DistillConfig(lr=1e-3, epochs=2, batch_size=2, positions="all", train_vocab=train_vocab)
+    trainer = DraftTrainer(drafts[variant], config, tmp_path)
+    model = trainer.student.module
+    tensors = model.gguf_tensors()
+    vocab = [name for name in VOCAB if name in tensors]
+    assert vocab == (["token_embd.weight"] if variant == "qwen2-tied" else list(VOCAB))
+    before = {name: p.detach().clone() for name, p in tensors.items()}
+    path, report = trainer.update(samples)
+    assert report.loss_after < report.loss_before
+    changed = {name for name, p in tensors.items() if not torch.equal(p.detach(), before[name])}
+    others = set(tensors) - set(vocab)
+    assert changed == (set(tensors) if train_vocab else others)
+
+    in_optimizer = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
+    with_state = {id(p) for p in trainer.optimizer.state}
+    vocab_ids = {id(tensors[name]) for name in vocab}
+    if train_vocab:
+        assert vocab_ids <= with_state
+    else:
+        assert not vocab_ids & (in_optimizer | with_state)
+        assert with_state == {id(tensors[name]) for name in others}  # every other tensor has its moments
+        assert all(not tensors[name].requires_grad and tensors[name].grad is None for name in vocab)
+
+    written, source = source_bytes(path), source_bytes(drafts[variant])
+    for name in vocab:
+        assert (written[name] == source[name]) == (not train_vocab), name
+    assert written["blk.0.ffn_down.weight"] != source["blk.0.ffn_down.weight"]
+
+
+def test_freezing_applies_to_a_module_trained_directly(drafts: dict[str, Path]) -> None:
+    """make_optimizer (also used by offline distillation) freezes the same tensors."""
+    from pyspec.online import load_gguf
+
+    model = load_gguf(drafts["llama"])
+    optimizer = make_optimizer(model, DistillConfig(train_vocab=False))
+    params = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    assert params == {id(p) for p in model.parameters()} - {id(model.token_embd.weight), id(model.output.weight)}
+    fresh = load_gguf(drafts["llama"])
+    assert len(trainable_parameters(fresh, DistillConfig())) == len(list(fresh.parameters()))
+
+
+def test_train_vocab_is_validated() -> None:
+    with pytest.raises(ValueError, match="train_vocab must be True or False"):
+        DistillConfig(train_vocab="no")  # type: ignore[arg-type]
