@@ -214,8 +214,11 @@ def run_bench(
     draft_path = resolve_model(draft, progress=progress) if uses_draft and draft else None
 
     with contextlib.ExitStack() as stack:
+        # No prefix cache: every method reads its prompt itself, as every peer does (with it, a
+        # pyspec method that runs after another one on the same prompt would skip its prompt
+        # processing and flatter its wall-time tok/s).
         engine = stack.enter_context(Engine(target_path, draft=draft_path, n_ctx=n_ctx, n_batch=ENGINE_N_BATCH,
-                                            n_threads=n_threads))
+                                            n_threads=n_threads, prefix_cache=False))
         if any(m.name == "auto" for m in specs):
             engine.calibrate(progress=progress)  # cached curves, or measured now: not in the timings
         work_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pyspec-bench-")))
