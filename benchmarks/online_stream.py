@@ -38,6 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pyspec.online.config import DistillConfig  # no torch: plain settings
+
 MODES = ("static", "online", "routed")
 
 
@@ -56,13 +58,11 @@ def load_stream(spec: str, raw: bool, held_out: int = 0) -> tuple[list[tuple[str
     return stream, rest
 
 
-def distill_config(args: argparse.Namespace) -> Any:
-    from pyspec.online import DistillConfig
-
+def distill_config(args: argparse.Namespace) -> DistillConfig:
     return DistillConfig(loss=args.loss, tau=args.tau, positions=args.positions, lr=args.lr,
                          lr_schedule=args.lr_schedule, epochs=args.epochs, batch_size=args.batch_size,
                          rehearsal=args.rehearsal, rehearsal_limit=args.rehearsal_limit,
-                         train_vocab=DistillConfig.train_vocab if args.train_vocab is None else args.train_vocab,
+                         train_vocab=args.train_vocab,
                          train_threads=args.train_threads, export_dtype=args.export_dtype)
 
 
@@ -387,9 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rehearsal", type=float, default=0.0,
                    help="earlier positions replayed per new position in each update (default 0: none)")
     p.add_argument("--rehearsal-limit", type=int, default=16384, help="positions kept for rehearsal")
-    p.add_argument("--train-vocab", action=argparse.BooleanOptionalAction, default=None,
-                   help="train the draft's embedding and output matrices (--no-train-vocab freezes them; "
-                        "default: DistillConfig's)")
+    p.add_argument("--train-vocab", action=argparse.BooleanOptionalAction, default=DistillConfig.train_vocab,
+                   help="train the draft's embedding and output matrices (--no-train-vocab freezes them)")
     p.add_argument("--export-dtype", default="source")
     p.add_argument("--update-interval", type=int, default=8)
     p.add_argument("--buffer-limit", type=int, default=4096)

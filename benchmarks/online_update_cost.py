@@ -31,19 +31,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from online_stream import peak_rss_mb  # this script's directory is on sys.path
+
 SETTINGS = {"trained": True, "frozen": False}  # name -> DistillConfig.train_vocab
-
-
-def peak_rss_mb() -> float | None:
-    """This process's peak resident memory (VmHWM) in MB, from /proc (Linux); None elsewhere."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
 
 
 def reset_peak_rss() -> bool:

@@ -145,7 +145,7 @@ private:
             chain_->begin(*request.tokens);  // catches up on the prompt and the output so far
         }
         // Its one-token cost is learnt only from drafts without a catch-up (charged apart).
-        const bool in_sync = int32_t(request.tokens->size()) - model_synced_ <= 2;
+        const bool in_sync = tokens_behind(request) <= 1;
         const int64_t decodes_before = chain_->stats().n_model_decodes;
         DraftRequest model_request = request;
         model_request.n_draft_max = gamma;
@@ -175,11 +175,17 @@ private:
     // believes it cheap drafts chains that lose.
     double draft_decode_ms() const { return params_.adapt_costs ? draft_costs_.at(1) : draft_cost_->at(1); }
 
+    // Committed tokens the draft model's next draft must decode before its first draft token
+    // (1 when in sync: the last committed token, which every draft decodes).
+    int32_t tokens_behind(const DraftRequest& request) const {
+        return int32_t(request.tokens->size()) - model_synced_;
+    }
+
     // What the draft model's next draft pays, beyond its usual one-token decodes, to read the
     // committed tokens its cache lacks: one decode of them all in place of the decode of the last
     // one (a prefill past n_batch is several decodes; the curve extended linearly stands for them).
     double catch_up_ms(const DraftRequest& request) const {
-        const int32_t behind = int32_t(request.tokens->size()) - model_synced_;
+        const int32_t behind = tokens_behind(request);
         if (behind <= 1) return 0.0;
         const double per_size = params_.adapt_costs ? draft_costs_.at(behind) : draft_cost_->at(behind);
         return std::max(0.0, per_size - draft_decode_ms());

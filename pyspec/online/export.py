@@ -234,10 +234,11 @@ def export_gguf(
         # In the source plan the quantizer's input may hold a tensor in its final type already;
         # llama.cpp then copies it unchanged.
         target = dict(overrides) if overrides else {}
+        types = dict(types)
         for name in unchanged:
             source_type = template.tensor_types[name]
             if int(target.get(name, types[name])) == int(source_type):
-                types = {**types, name: source_type}
+                types[name] = source_type
                 copied.add(name)
 
     out_path = Path(out)
