@@ -177,6 +177,7 @@ def run_bench(
     warmup: bool = True,
     progress: bool = True,
     llama_cpp_bin: str | None = None,
+    n_gpu_layers: int | None = None,
 ) -> BenchReport:
     """Runs every method on the same prompts, interleaved per prompt, greedy.
 
@@ -184,7 +185,8 @@ def run_bench(
     (data.Prompt, chat messages, or plain strings taken as one user message).
     methods: names with an optional ':K' suffix (see parse_methods). llama.cpp's tools are looked
     for in llama_cpp_bin, else as `pyspec.llamacpp.find_tools` does; when they are not built, their
-    methods are skipped (BenchReport.skipped says why and how to build them).
+    methods are skipped (BenchReport.skipped says why and how to build them). n_gpu_layers: as
+    Engine's, for every method (llama.cpp's tools get the engine's value).
     """
     from tqdm import tqdm
 
@@ -218,7 +220,8 @@ def run_bench(
         # pyspec method that runs after another one on the same prompt would skip its prompt
         # processing and flatter its wall-time tok/s).
         engine = stack.enter_context(Engine(target_path, draft=draft_path, n_ctx=n_ctx, n_batch=ENGINE_N_BATCH,
-                                            n_threads=n_threads, prefix_cache=False))
+                                            n_threads=n_threads, n_gpu_layers=n_gpu_layers,
+                                            prefix_cache=False))
         if any(m.name == "auto" for m in specs):
             engine.calibrate(progress=progress)  # cached curves, or measured now: not in the timings
         work_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pyspec-bench-")))
@@ -367,7 +370,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     report = run_bench(
         args.target, args.draft, args.prompt or args.suite, n=args.n, max_tokens=args.max_tokens, methods=args.methods,
         n_draft=args.n_draft, n_threads=args.threads, n_ctx=args.n_ctx, progress=not args.no_progress,
-        llama_cpp_bin=args.llama_cpp_bin,
+        llama_cpp_bin=args.llama_cpp_bin, n_gpu_layers=args.n_gpu_layers,
     )
     for method, why in report.skipped.items():
         print(f"pyspec bench: skipped {method}: {why}", file=sys.stderr)
@@ -401,6 +404,9 @@ def register_cli(subparsers: Any) -> None:
                         "peer-pld 10)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for every method (default: all cores)")
     p.add_argument("--n-ctx", type=int, default=4096, help="context size for every method (default 4096)")
+    p.add_argument("--n-gpu-layers", type=int, default=None,
+                   help="layers to offload for every method, -1 all (GPU builds only; default "
+                        "$PYSPEC_N_GPU_LAYERS, else 0)")
     p.add_argument("--llama-cpp-bin", default=None, metavar="DIR",
                    help="directory of llama.cpp's llama-completion and llama-speculative-simple (default: "
                         "$PYSPEC_LLAMA_CPP_BIN, else those built by benchmarks/build_llama_cpp.py)")

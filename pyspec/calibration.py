@@ -218,7 +218,8 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--draft", default=DEFAULT_DRAFT,
                    help=f"GGUF path or registry name, '' for none (default {DEFAULT_DRAFT})")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
-    p.add_argument("--n-gpu-layers", type=int, default=0)
+    p.add_argument("--n-gpu-layers", type=int, default=None,
+                   help="layers to offload, -1 all (GPU builds only; default $PYSPEC_N_GPU_LAYERS, else 0)")
     p.add_argument("--repeats", type=int, default=3, help="rounds over all sizes; the median is kept (default 3)")
     p.add_argument("--force", action="store_true", help="measure again even when a cached curve exists")
     p.add_argument("--json", action="store_true", help="print the curves as JSON")

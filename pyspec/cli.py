@@ -22,7 +22,8 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-draft", type=int, default=None, help="longest draft per step (default: chain 4, lookup 8)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--n-ctx", type=int, default=4096)
-    p.add_argument("--n-gpu-layers", type=int, default=0, help="layers to offload (GPU builds only)")
+    p.add_argument("--n-gpu-layers", type=int, default=None,
+                   help="layers to offload, -1 all (GPU builds only; default $PYSPEC_N_GPU_LAYERS, else 0)")
 
 
 def _read_prompt(args: argparse.Namespace) -> str:

@@ -47,6 +47,21 @@ def cpu_has_amx() -> bool:
     return False
 
 
+N_GPU_LAYERS_ENV = "PYSPEC_N_GPU_LAYERS"
+
+
+def default_n_gpu_layers() -> int:
+    """$PYSPEC_N_GPU_LAYERS as a whole number of layers to offload, 0 when unset or empty."""
+    text = os.environ.get(N_GPU_LAYERS_ENV, "").strip()
+    if not text:
+        return 0
+    try:
+        return int(text)
+    except ValueError:
+        raise InvalidArgumentError(f"{N_GPU_LAYERS_ENV}={text!r} is not a whole number of layers "
+                                   "(-1 offloads all of them)") from None
+
+
 def message_text(content: Any, index: int) -> str:
     """The text of one chat message's content: a string, None (""), or a list of OpenAI content
     parts whose text parts are joined with newlines. Raises InvalidArgumentError for a non-text
@@ -90,7 +105,8 @@ class Engine:
     head: a draft head GGUF trained for this target (`pyspec train-head`) for method="redrafter";
     reload_head() replaces it while serving.
     n_threads: CPU threads for decoding (default: all cores). n_gpu_layers: layers offloaded when
-    llama.cpp was built with a GPU backend. seed: seeds the engine's random stream; pass
+    llama.cpp was built with a GPU backend (-1 or more than the model has: all); None = the
+    environment's PYSPEC_N_GPU_LAYERS, else 0 (nothing offloaded). seed: seeds the engine's random stream; pass
     seed=... to generate() to make one call reproducible on its own. prefix_cache: keep each
     model's KV cache between requests and evaluate only the part of a new prompt after the
     longest token prefix it shares with what the cache holds (a chat resending its history pays
@@ -111,7 +127,7 @@ class Engine:
         n_ctx: int = 4096,
         n_batch: int = 512,
         n_threads: int | None = None,
-        n_gpu_layers: int = 0,
+        n_gpu_layers: int | None = None,
         seed: int = 0,
         repack: bool | None = None,
         drafts: Mapping[str, str | os.PathLike[str]] | None = None,
@@ -122,6 +138,7 @@ class Engine:
         self.target_path = _resolve(target)
         self.draft_path = _resolve(draft) if draft is not None else None
         threads = n_threads if n_threads is not None else (os.cpu_count() or 1)
+        n_gpu_layers = default_n_gpu_layers() if n_gpu_layers is None else n_gpu_layers
         self.repack = (not cpu_has_amx()) if repack is None else bool(repack)
         if pool_capacity is not None and (isinstance(pool_capacity, bool) or not isinstance(pool_capacity, int)
                                           or pool_capacity < 1):

@@ -26,7 +26,8 @@ def register_cli(sub: Any) -> None:
     p.add_argument("--n-ctx", type=int, default=4096, help="context window in tokens (default 4096)")
     p.add_argument("--n-batch", type=int, default=512)
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
-    p.add_argument("--n-gpu-layers", type=int, default=0, help="layers to offload (GPU builds only)")
+    p.add_argument("--n-gpu-layers", type=int, default=None,
+                   help="layers to offload, -1 all (GPU builds only; default $PYSPEC_N_GPU_LAYERS, else 0)")
     p.add_argument("--seed", type=int, default=0, help="seed of the engine's random stream")
     p.add_argument("--no-prefix-cache", action="store_true",
                    help="evaluate every prompt from scratch instead of reusing the KV cache of the longest "

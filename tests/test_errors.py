@@ -183,3 +183,21 @@ def test_load_error_quotes_llama_reason_after_llama_cpp_import(tmp_path: Path, t
 
     with pytest.raises(pyspec.ModelLoadError, match="not within the file bounds"):
         pyspec.Engine(str(truncated_copy(tiny_target, tmp_path)))
+
+
+def test_n_gpu_layers_defaults_to_the_environment(tiny_target: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # None (the default) reads $PYSPEC_N_GPU_LAYERS; an explicit value wins; unset means 0.
+    monkeypatch.setenv("PYSPEC_N_GPU_LAYERS", "7")
+    with pyspec.Engine(tiny_target, n_ctx=128) as engine:
+        assert engine.n_gpu_layers == 7
+    with pyspec.Engine(tiny_target, n_ctx=128, n_gpu_layers=0) as engine:
+        assert engine.n_gpu_layers == 0
+    monkeypatch.delenv("PYSPEC_N_GPU_LAYERS")
+    with pyspec.Engine(tiny_target, n_ctx=128) as engine:
+        assert engine.n_gpu_layers == 0
+
+
+def test_bad_n_gpu_layers_environment_is_named(tiny_target: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYSPEC_N_GPU_LAYERS", "all")
+    with pytest.raises(pyspec.InvalidArgumentError, match="PYSPEC_N_GPU_LAYERS='all'"):
+        pyspec.Engine(tiny_target, n_ctx=128)

@@ -42,7 +42,7 @@ class ServerSettings:
     n_ctx: int = 4096
     n_batch: int = 512
     n_threads: int | None = None
-    n_gpu_layers: int = 0
+    n_gpu_layers: int | None = None  # None: $PYSPEC_N_GPU_LAYERS, else 0
     seed: int = 0
     prefix_cache: bool = True
     pool_capacity: int | None = None  # phrases the phrase pool keeps at most (None: the engine's default)

@@ -1,0 +1,40 @@
+"""benchmarks/gpu/gpu_check.py on the CPU backend, as CI can run it: pack (trimmed llama.cpp tree,
+wheels, small shapes), then build libllama from that tree and pyspec against it, run two test
+files with the built package, write and time the small shape models and print auto's plan.
+On a GPU machine the same script runs without --cpu (README, "CUDA")."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu" / "gpu_check.py"
+
+
+def test_gpu_check_runs_end_to_end_on_the_cpu_backend(tmp_path: Path) -> None:
+    work, out = tmp_path / "gpu", tmp_path / "out"
+    pack = subprocess.run([sys.executable, str(SCRIPT), "--dir", str(work), "pack", "--quick"],
+                          capture_output=True, text=True, timeout=600)
+    assert pack.returncode == 0, pack.stdout[-3000:] + pack.stderr[-3000:]
+    manifest = json.loads((work / "carry" / "manifest.json").read_text())
+    assert (work / "carry" / "llama.cpp.tar.xz").stat().st_size < 8e6  # trimmed: the whole tree is ~60 MB
+    assert sorted(w.name.split("-")[0] for w in (work / "carry" / "wheels").glob("*.whl")) == \
+        ["gguf", "nanobind", "scikit_build_core"]
+
+    run = subprocess.run([sys.executable, str(SCRIPT), "--dir", str(work), "run", "--cpu", "--quick", "--out", str(out)],
+                         capture_output=True, text=True, timeout=1800)
+    assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-3000:]
+    assert "all steps passed" in run.stdout
+    # pyspec was built against the libllama this script built, and the tests ran with it.
+    site = work / "work" / "site-cpu"
+    assert (site / "llama_cpp" / "lib" / "libllama.so").exists()
+    assert any(site.joinpath("pyspec").glob("_core*.so"))
+    tests_log = (out / "tests.log").read_text()
+    assert " passed" in tests_log and " failed" not in tests_log
+    curves = json.loads((out / "curves-cpu.json").read_text())["curves"]
+    assert set(curves) == {"target", "draft"} and all(len(c["ms"]) == len(c["n_tokens"]) > 1 for c in curves.values())
+    plan = (out / "plan.md").read_text()
+    assert "| alpha |" in plan and "gamma" in plan
+    assert manifest["quick"] is True and "model" not in manifest
