@@ -289,7 +289,7 @@ def shapes_step(ctx: RunContext) -> bool:
         import json, sys, time
         sys.path.insert(0, sys.argv[1])
         from shape_model import ModelShape, write_shape_model
-        shape = ModelShape.from_json(json.loads(sys.argv[2]))
+        shape = ModelShape.from_json(json.load(open(sys.argv[2])))
         start = time.monotonic()
         write_shape_model(shape, sys.argv[3])
         print(f"{sys.argv[3]}: {shape.describe()}, written in {time.monotonic() - start:.0f} s")
@@ -301,7 +301,9 @@ def shapes_step(ctx: RunContext) -> bool:
             log.info("%s shape model already written: %s", role, path)
             continue
         path.parent.mkdir(parents=True, exist_ok=True)
-        ok = _run([sys.executable, "-c", textwrap.dedent(code), str(Path(__file__).parent), json.dumps(shapes[role]),
+        shape_file = path.with_suffix(".json")
+        shape_file.write_text(json.dumps(shapes[role]), encoding="utf-8")
+        ok = _run([sys.executable, "-c", textwrap.dedent(code), str(Path(__file__).parent), str(shape_file),
                    str(path)], f"writing the {role}'s shape model", log_file=ctx.out / "shapes.log",
                   cwd=ctx.layout.work, env=ctx.env()) and ok
     return ok
