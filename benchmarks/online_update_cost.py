@@ -12,8 +12,9 @@ would make after those requests: the --new samples plus rehearsal (config.rehear
 positions drawn from the earlier samples, through the same ReplayBuffer). It then runs once
 per setting, each in a fresh training process (this script again, `--child`) that loads the
 draft as the online trainer does (DraftTrainer), measures the held-out loss, times
-DraftTrainer.update (training + export in the source's types), measures the held-out loss again
-and reports its peak resident memory: after loading (VmHWM), and over the update alone (VmHWM
+DraftTrainer.update (training + export in the source's types), measures the held-out loss and
+the update batch's loss again (both also before the update: the report's loss_before is not the
+loss before the update but the first epoch's running mean) and reports its peak resident memory: after loading (VmHWM), and over the update alone (VmHWM
 reset through /proc/self/clear_refs after loading). Engine and training never run at once
 here; in the stream they share the cores.
 """
@@ -123,11 +124,18 @@ def child(args: argparse.Namespace) -> None:
             return {name: float(batch_loss(trainer.student, samples, config))
                     for name, samples in data["heldout"].items()}
 
+    def own_loss(trainer: DraftTrainer) -> float:
+        """The update's batch (new and rehearsed samples), measured as a whole: the report's
+        loss_before is the first epoch's running mean, taken while the weights move."""
+        with torch.no_grad():
+            return float(batch_loss(trainer.student, [*data["samples"], *data["rehearsed"]], config))
+
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="pyspec-update-cost-") as work_dir:
         trainer = DraftTrainer(args.draft, config, work_dir)
         load_seconds = time.perf_counter() - t0
         before = heldout_loss(trainer)
+        own_before = own_loss(trainer)
         load_peak = peak_rss_mb()
         reset = reset_peak_rss()
         t0 = time.perf_counter()
@@ -135,6 +143,7 @@ def child(args: argparse.Namespace) -> None:
         update_seconds = time.perf_counter() - t0
         update_peak = peak_rss_mb() if reset else None
         after = heldout_loss(trainer)
+        own_after = own_loss(trainer)
         n_params = sum(p.numel() for p in trainer.student.module.parameters())
         n_trained = sum(p.numel() for group in trainer.optimizer.param_groups for p in group["params"])
         out_bytes = path.stat().st_size
@@ -143,6 +152,7 @@ def child(args: argparse.Namespace) -> None:
         "update_seconds": update_seconds, "train_seconds": report.seconds, "export_seconds": report.export_seconds,
         "n_steps": report.n_steps, "n_positions": report.n_positions, "n_rehearsed": report.n_rehearsed,
         "train_loss_before": report.loss_before, "train_loss_after": report.loss_after,
+        "batch_loss_before": own_before, "batch_loss_after": own_after, "step_losses": list(report.step_losses),
         "heldout_loss_before": before, "heldout_loss_after": after,
         "peak_rss_mb_after_load": load_peak, "peak_rss_mb_update": update_peak,
         "n_parameters": n_params, "n_trained_parameters": n_trained, "export_bytes": out_bytes,
@@ -206,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
             runs[name] = run
             print(f"{name}: update {run['update_seconds']:.1f} s (train {run['train_seconds']:.1f}, export "
                   f"{run['export_seconds']:.1f}) = {run['update_over_serving']:.2f}x serving; peak RSS "
-                  f"{run['peak_rss_mb_update']} MB during the update; held-out loss "
+                  f"{run['peak_rss_mb_update']} MB during the update; own batch loss {run['batch_loss_before']:.2f} -> "
+                  f"{run['batch_loss_after']:.2f}; held-out loss "
                   f"{run['heldout_loss_before']} -> {run['heldout_loss_after']}", file=sys.stderr)
     summary = {"args": vars(args), "serve_seconds": serve_seconds, "serve_seconds_each": data["serve_seconds"],
                "new_acceptance": data["new_acceptance"],

@@ -15,7 +15,7 @@ import pyspec
 from online_golden import quantize_with_llama_cpp
 from pyspec._models.tiny import build_tiny_model
 from pyspec.online import DistillConfig, TraceSample, open_gguf, samples_from_result
-from pyspec.online.trainer import DraftTrainer, make_optimizer, trainable_parameters
+from pyspec.online.trainer import DraftTrainer, batch_loss, make_optimizer, trainable_parameters
 
 PROMPTS = ["def add(a, b):", "The quick brown fox", "for i in range(10):", "import numpy as np"]
 VOCAB = ("token_embd.weight", "output.weight")
@@ -56,8 +56,14 @@ def test_an_update_moves_only_what_is_trained(drafts: dict[str, Path], samples: 
     vocab = [name for name in VOCAB if name in tensors]
     assert vocab == (["token_embd.weight"] if variant == "qwen2-tied" else list(VOCAB))
     before = {name: p.detach().clone() for name, p in tensors.items()}
+    with torch.no_grad():
+        loss_before = float(batch_loss(trainer.student, samples, config))
     path, report = trainer.update(samples)
-    assert report.loss_after < report.loss_before
+    # The whole batch's loss before the update, not the report's loss_before (the first epoch's
+    # running mean, taken while the weights move): at a rate too high it can sit above the
+    # starting loss and hide an update that made things worse.
+    assert report.loss_after < loss_before
+    assert len(report.step_losses) == report.n_steps == config.epochs * -(-len(samples) // config.batch_size)
     changed = {name for name, p in tensors.items() if not torch.equal(p.detach(), before[name])}
     others = set(tensors) - set(vocab)
     assert changed == (set(tensors) if train_vocab else others)

@@ -127,7 +127,10 @@ class DistillConfig:
 
 @dataclass(frozen=True)
 class TrainReport:
-    loss_before: float  # mean loss per position over the first epoch, each batch before its step
+    # Mean loss per position over the first epoch, each batch before its step: a running mean
+    # taken while the weights move, not the batch's loss before the update (a first step that
+    # overshoots lifts it above the starting loss; measure that with batch_loss when it matters).
+    loss_before: float
     loss_after: float   # mean loss per position over all samples after training
     n_steps: int        # optimizer steps
     n_samples: int      # samples trained on (new and rehearsed)
@@ -136,3 +139,4 @@ class TrainReport:
     n_rehearsed: int = 0        # of n_positions, positions of earlier samples replayed
     lr: float = 0.0             # the learning rate this update used
     export_seconds: float = 0.0  # writing (and quantizing) the GGUF
+    step_losses: tuple[float, ...] = ()  # each step's batch loss (mean per position) before its step

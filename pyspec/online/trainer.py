@@ -162,13 +162,13 @@ def train(student: Student, optimizer: torch.optim.Optimizer, samples: Sequence[
     if not any(s.n_rows for s in samples):
         raise ValueError("no training positions in these samples")
     rng = rng if rng is not None else np.random.default_rng(config.seed)
-    first_epoch_loss, n_steps = 0.0, 0
+    first_epoch_loss, step_losses = 0.0, []
     for epoch in range(config.epochs):
         order = rng.permutation(len(everything))
         for start in range(0, len(order), config.batch_size):
             batch = [everything[i] for i in order[start : start + config.batch_size]]
             loss = train_step(student, optimizer, batch, config)
-            n_steps += 1
+            step_losses.append(loss)
             if epoch == 0:
                 first_epoch_loss += loss * sum(s.n_rows for s in batch)
     n_positions = sum(s.n_rows for s in everything)
@@ -177,12 +177,13 @@ def train(student: Student, optimizer: torch.optim.Optimizer, samples: Sequence[
     return TrainReport(
         loss_before=first_epoch_loss / n_positions,
         loss_after=loss_after,
-        n_steps=n_steps,
+        n_steps=len(step_losses),
         n_samples=len(everything),
         n_positions=n_positions,
         seconds=time.perf_counter() - t0,
         n_rehearsed=sum(s.n_rows for s in rehearsed),
         lr=lr,
+        step_losses=tuple(step_losses),
     )
 
 
