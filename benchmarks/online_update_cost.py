@@ -14,9 +14,10 @@ per setting, each in a fresh training process (this script again, `--child`) tha
 draft as the online trainer does (DraftTrainer), measures the held-out loss, times
 DraftTrainer.update (training + export in the source's types), measures the held-out loss and
 the update batch's loss again (both also before the update: the report's loss_before is not the
-loss before the update but the first epoch's running mean) and reports its peak resident memory: after loading (VmHWM), and over the update alone (VmHWM
-reset through /proc/self/clear_refs after loading). Engine and training never run at once
-here; in the stream they share the cores.
+loss before the update but the first epoch's running mean) and reports its peak resident
+memory: after loading (VmHWM), and over the update alone (VmHWM reset through
+/proc/self/clear_refs after loading). Engine and training never run at once here; in the
+stream they share the cores.
 """
 
 from __future__ import annotations
