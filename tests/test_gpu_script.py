@@ -21,7 +21,7 @@ def test_gpu_check_runs_end_to_end_on_the_cpu_backend(tmp_path: Path) -> None:
     manifest = json.loads((work / "carry" / "manifest.json").read_text())
     assert (work / "carry" / "llama.cpp.tar.xz").stat().st_size < 8e6  # trimmed: the whole tree is ~60 MB
     assert sorted(w.name.split("-")[0] for w in (work / "carry" / "wheels").glob("*.whl")) == \
-        ["gguf", "nanobind", "scikit_build_core"]
+        ["gguf", "nanobind", "packaging", "pathspec", "scikit_build_core"]
 
     run = subprocess.run([sys.executable, str(SCRIPT), "--dir", str(work), "run", "--cpu", "--quick", "--out", str(out)],
                          capture_output=True, text=True, timeout=1800)
@@ -31,6 +31,8 @@ def test_gpu_check_runs_end_to_end_on_the_cpu_backend(tmp_path: Path) -> None:
     site = work / "work" / "site-cpu"
     assert (site / "llama_cpp" / "lib" / "libllama.so").exists()
     assert any(site.joinpath("pyspec").glob("_core*.so"))
+    # ... and the steps imported that build, not an (editable) pyspec of the running environment.
+    assert f"pyspec from {site / 'pyspec'}" in (out / "build-pyspec.log").read_text()
     tests_log = (out / "tests.log").read_text()
     assert " passed" in tests_log and " failed" not in tests_log
     curves = json.loads((out / "curves-cpu.json").read_text())["curves"]

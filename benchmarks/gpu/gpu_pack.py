@@ -9,7 +9,6 @@ through the registry and this CPU's curves through an Engine).
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
 import logging
 import math
@@ -33,8 +32,10 @@ KEEP_FILES = ("CMakeLists.txt", "LICENSE", "ggml/CMakeLists.txt")
 DROP_DIRS = ("vendor/cpp-httplib/",)  # only common/ uses it
 # The build and test steps need these beyond what a CUDA image's Python has (numpy, pytest,
 # scipy, cmake, ninja, pyyaml, tqdm, requests, packaging, pathspec); pure Python, so one wheel
-# serves any interpreter. The versions installed here, which build pyspec.
-WHEELS = ("gguf", "nanobind", "scikit-build-core")
+# serves any interpreter. Pinned: versions that build pyspec (gguf: pyproject's pin), with
+# scikit-build-core's own requirements (Python >= 3.11). Not read from the running environment:
+# a `pip install .` venv holds no build requirements.
+WHEELS = ("gguf==0.19.0", "nanobind==3.1.0", "scikit-build-core==1.1.2", "packaging==26.3", "pathspec==1.1.1")
 SUITES = (("humaneval", 5), ("edit", 5))
 
 
@@ -71,7 +72,7 @@ def trim_llama_source(sdist: Path, dest: Path) -> int:
 
 def _download_wheels(dest: Path) -> list[str]:
     dest.mkdir(parents=True, exist_ok=True)
-    specs = [f"{name}=={importlib.metadata.version(name)}" for name in WHEELS]
+    specs = list(WHEELS)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--progress-bar", "off",
            "--dest", str(dest), *specs]
     proc = subprocess.run(cmd, capture_output=True, text=True)

@@ -97,6 +97,12 @@ class RunContext:
     def tools_site(self) -> Path:
         return self.layout.work / "tools-site"
 
+    @property
+    def first_site(self) -> Path:
+        """First on the path: a sitecustomize that keeps an editable pyspec install of the
+        running environment (a developer's venv) from shadowing the built one."""
+        return self.layout.work / "built-first"
+
     def manifest(self) -> dict:
         if not self.layout.manifest.is_file():
             raise FileNotFoundError(f"{self.layout.manifest} is missing: run `gpu_check.py pack` first (with the network)")
@@ -106,7 +112,7 @@ class RunContext:
         """The environment of every step's subprocess: the built pyspec first on the path, caches
         under work/, offload of every layer on CUDA."""
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(self.site), str(self.tools_site)] +
+        env["PYTHONPATH"] = os.pathsep.join([str(self.first_site), str(self.site), str(self.tools_site)] +
                                             ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         env["PYSPEC_CACHE"] = str(self.layout.work / "cache")
         env["PYSPEC_CALIBRATION_DIR"] = str(self.layout.work / f"calibration-{self.backend}")
@@ -142,7 +148,10 @@ def _python(ctx: RunContext, code: str, what: str, log_name: str) -> bool:
 
 
 def _cmake_options(ctx: RunContext) -> list[str]:
+    # $ORIGIN: the installed libraries find each other in their own directory (libggml loads
+    # libggml-cpu / libggml-cuda by name), wherever they are copied.
     opts = ["-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", "-DCMAKE_INSTALL_LIBDIR=lib",
+            "-DCMAKE_INSTALL_RPATH=$ORIGIN",
             f"-DCMAKE_INSTALL_PREFIX={ctx.prefix}", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_COMMON=OFF",
             "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_TOOLS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
             "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_BUILD_MTMD=OFF"]
@@ -215,13 +224,25 @@ def _build_pyspec(ctx: RunContext) -> bool:
     return True
 
 
+# An editable install's import hook (scikit-build-core's redirecting finder, put on sys.meta_path
+# by a .pth file) would answer `import pyspec` before PYTHONPATH is searched.
+SITECUSTOMIZE = """import sys
+sys.meta_path[:] = [f for f in sys.meta_path if not type(f).__module__.startswith("_editable_skbc_pyspec")]
+"""
+
+
 def build_step(ctx: RunContext) -> bool:
     ctx.layout.work.mkdir(parents=True, exist_ok=True)
+    ctx.first_site.mkdir(exist_ok=True)
+    (ctx.first_site / "sitecustomize.py").write_text(SITECUSTOMIZE, encoding="utf-8")
     return (_install_wheels(ctx) and _build_llama(ctx) and _build_pyspec(ctx)
-            and _python(ctx, """
-                import pyspec
+            and _python(ctx, f"""
+                import pyspec, sys
+                from pathlib import Path
                 from pyspec import _core
                 print("pyspec from", pyspec.__file__, "with", _core.__file__)
+                if Path({str(ctx.site)!r}) not in Path(_core.__file__).parents:
+                    sys.exit("the pyspec imported is not the one just built")
             """, "importing the built pyspec", "build-pyspec.log"))
 
 
