@@ -335,7 +335,12 @@ def build_tiny_model(
             values[n_vocab - len(SPECIAL_TOKENS):] = 0.0
         writer.add_tensor(name, values)
 
-    # Write beside the target and rename, so concurrent builders never see a partial file.
+    return write_gguf(writer, path)
+
+
+def write_gguf(writer: gguf.GGUFWriter, path: Path) -> Path:
+    """Writes a filled GGUFWriter (made with no path) to `path` beside it and renames, so
+    concurrent builders never see a partial file."""
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
     try:
         writer.write_header_to_file(partial)

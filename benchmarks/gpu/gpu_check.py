@@ -36,7 +36,6 @@ real.md / real.json.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import platform

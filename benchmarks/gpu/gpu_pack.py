@@ -81,14 +81,6 @@ def _download_wheels(dest: Path) -> list[str]:
     return specs
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text(encoding="ascii", errors="replace").splitlines():
@@ -111,6 +103,8 @@ def _cpu_reference(target: str, draft: str) -> dict:
 
 
 def _split_model(path: Path, layout: Layout, part_bytes: int) -> dict:
+    from pyspec.fetch import sha256_file
+
     size = path.stat().st_size
     n_parts = max(1, math.ceil(size / part_bytes))
     parts = []
@@ -124,7 +118,7 @@ def _split_model(path: Path, layout: Layout, part_bytes: int) -> dict:
             part.write_bytes(chunk)
             parts.append({"dir": part_dir.name, "file": part.name, "size": len(chunk),
                           "sha256": hashlib.sha256(chunk).hexdigest()})
-    return {"file": path.name, "size": size, "sha256": _sha256(path), "parts": parts}
+    return {"file": path.name, "size": size, "sha256": sha256_file(path), "parts": parts}
 
 
 def pack(layout: Layout, *, model: str | None, quick: bool, part_mb: float, cpu_reference: bool) -> None:

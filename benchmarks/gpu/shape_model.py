@@ -118,7 +118,7 @@ def _vocabulary(n_vocab: int) -> tuple[list[str], list[int], list[str], int, int
 
 def write_f16(shape: ModelShape, path: str | os.PathLike[str], seed: int = 0) -> Path:
     """Random f16 weights (f32 norms and biases) of `shape` at `path`."""
-    from pyspec._models.tiny import CHATML_TEMPLATE
+    from pyspec._models.tiny import CHATML_TEMPLATE, write_gguf
 
     path = Path(path)
     tokens, types, merges, eos, im_end = _vocabulary(shape.n_vocab)
@@ -153,17 +153,7 @@ def write_f16(shape: ModelShape, path: str | os.PathLike[str], seed: int = 0) ->
         else:
             values = (rng.standard_normal(dims, dtype=np.float32) * WEIGHT_STD).astype(np.float16)
         writer.add_tensor(name, values)
-    partial = path.with_name(f".{path.name}.partial")
-    try:
-        writer.write_header_to_file(partial)
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        os.replace(partial, path)
-    finally:
-        writer.close()
-        partial.unlink(missing_ok=True)
-    return path
+    return write_gguf(writer, path)
 
 
 def write_shape_model(shape: ModelShape, path: str | os.PathLike[str], *, seed: int = 0,
