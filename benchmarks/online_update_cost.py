@@ -160,9 +160,9 @@ def child(args: argparse.Namespace) -> None:
     }, sys.stdout)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_update_arguments(p: argparse.ArgumentParser, sweep_rates: bool = False) -> None:
+    """The served requests, the update batch and the trainer's settings: the arguments this script
+    shares with online_update_rates.py, which takes --lrs (a comma-separated sweep) in place of --lr."""
     p.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
     p.add_argument("--draft", required=True, help="the draft GGUF (the stream's: qwen6.gguf)")
     p.add_argument("--train-suite", default="humaneval", help="suite of the served (training) requests")
@@ -177,13 +177,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n-ctx", type=int, default=2048)
     p.add_argument("--loss", default="fkl")
     p.add_argument("--top-k", type=int, default=32)
-    p.add_argument("--lr", type=float, default=5e-4)
+    if sweep_rates:
+        p.add_argument("--lrs", default="5e-5,1e-4,2e-4,5e-4", help="learning rates, comma-separated")
+    else:
+        p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--lr-schedule", default="inverse_sqrt")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--rehearsal", type=float, default=0.5)
     p.add_argument("--train-threads", type=int, default=1)
     p.add_argument("--export-dtype", default="source")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_update_arguments(p)
     p.add_argument("--json", help="write the results here")
     p.add_argument("--child", choices=list(SETTINGS), help=argparse.SUPPRESS)
     p.add_argument("--child-data", help=argparse.SUPPRESS)
