@@ -136,11 +136,10 @@ def run_mode(mode: str, args: argparse.Namespace, stream: list[tuple[str, Any]],
                              "trainer_peak_rss_mb": trainer_peak}
             domain_records = [r for r in records if not name or r["suite"] == name]
             for u in st.updates:
-                # the requests of this domain that came before the update, back to the previous one
-                served = [r for r in domain_records if r["index"] < u.started_after][-args.update_interval:]
+                served = requests_before_update(domain_records, u.started_after, args.update_interval)
                 rep = u.report
                 update_log.append({
-                    "domain": name, "after_request": u.started_after - 1, "draft_version": u.version,
+                    "domain": name, "after_request": served[-1]["index"], "draft_version": u.version,
                     "update_seconds": u.seconds, "serve_seconds_of_interval": sum(r["serve_seconds"] for r in served),
                     **({} if rep is None else {
                         "loss_before": rep.loss_before, "loss_after": rep.loss_after, "n_positions": rep.n_positions,
@@ -151,6 +150,14 @@ def run_mode(mode: str, args: argparse.Namespace, stream: list[tuple[str, Any]],
     update_log.sort(key=lambda u: u["after_request"])
     return {"mode": mode, "records": records, "updates": updates, "update_log": update_log, "final_drafts": finals,
             "serving_peak_rss_mb": peak_rss_mb(), "seconds": time.perf_counter() - t0}
+
+
+def requests_before_update(domain_records: list[dict[str, Any]], started_after: int,
+                           interval: int) -> list[dict[str, Any]]:
+    """The records of the requests an update followed: the last `interval` of its distiller's
+    domain before it started. `started_after` counts the requests that distiller observed (a routed
+    mode's distiller sees its own domain only), not the stream's index."""
+    return domain_records[:started_after][-interval:]
 
 
 REUSE_MUST_MATCH = ("stream", "max_tokens", "n_draft", "raw", "method", "window")
