@@ -6,7 +6,10 @@ With greedy decoding the committed tokens do not depend on the drafts, so `none`
 depend only on those tokens, its acceptance statistics and the cost curve (the engine's
 `_core.replay_auto`, spec/replay.h). Each step is charged the curve's time of its size, so a
 scheduling change can be judged in seconds on a busy machine; the curve is the cached
-calibration of the target (`pyspec calibrate`, taken on a quiet machine). It compares scheduling
+calibration of the target (`pyspec calibrate`, taken on a quiet machine at a short context);
+`--actual-curve` charges the steps another curve's times instead (one measured at a long context
+by benchmarks/context_cost.py) while `auto` still plans from the calibration and corrects its
+cost model from what the steps cost, as the engine does on a long prompt. It compares scheduling
 rules of `auto` with each other; against llama.cpp's own speculation, only `pyspec bench` with
 its llama.cpp peers on a quiet machine measures anything.
 
@@ -79,6 +82,11 @@ def main() -> int:
     ap.add_argument("--per-prompt", action="store_true")
     ap.add_argument("--no-stop-tokens", action="store_true",
                     help="copies run on through the target's control tokens (auto before they stopped there)")
+    ap.add_argument("--actual-curve", type=Path,
+                    help="charge the steps this curve's times (a `benchmarks/context_cost.py --json` file "
+                         "and --actual-context, e.g. the target at a long context) while auto plans from "
+                         "the cached calibration, as the engine does at that context")
+    ap.add_argument("--actual-context", default="2048", help="which curve of the --actual-curve file")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args()
 
@@ -87,6 +95,10 @@ def main() -> int:
     if curve is None:
         raise SystemExit("no cached calibration for the target: run `pyspec calibrate` on a quiet machine first")
     core_curve = curve._core()
+    actual = curve
+    if args.actual_curve:
+        measured = json.loads(args.actual_curve.read_text(encoding="utf-8"))[args.actual_context]
+        actual = calibration.CostCurve(tuple(measured["n_tokens"]), tuple(measured["ms"]))
     params = GenerationConfig(method="auto").to_core()
     params.lookup.stop_tokens = [] if args.no_stop_tokens else engine._core.control_tokens()  # as the engine
     jobs = [recorded_runs(p) for p in args.bench]
@@ -96,12 +108,13 @@ def main() -> int:
         prompts = prompt_tokens(engine, suite, len(runs))
         requests = [(prompts[pid], tokens) for pid, tokens in runs if tokens]
         ids = [pid for pid, tokens in runs if tokens]
-        replayed = _core.replay_auto(requests, core_curve, params.lookup, params.pool, params.scheduler)
+        replayed = _core.replay_auto(requests, core_curve, params.lookup, params.pool, params.scheduler,
+                                     actual=actual._core())
         rows = []
         for pid, (_, output), (sizes, accepted) in zip(ids, requests, replayed):
             n = len(output)
-            t_none = n * curve.at(1)
-            t_auto = model_cost(curve, list(sizes))
+            t_none = n * actual.at(1)
+            t_auto = model_cost(actual, list(sizes))
             rows.append({"prompt_id": pid, "n": n, "none": n / t_none * 1e3, "auto": n / t_auto * 1e3,
                          "calls": len(sizes), "plain": sum(1 for k in sizes if k == 1) / len(sizes),
                          "drafted": sum(sizes) - len(sizes), "accepted": sum(accepted)})

@@ -256,7 +256,8 @@ NB_MODULE(_core, m) {
     // Replay of auto on known greedy outputs (spec/replay.h): [(sizes, accepted)] per request.
     m.def("replay_auto", [](const std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>>& requests,
                             const spec::CostCurve& curve, const spec::LookupParams& lookup,
-                            const spec::PoolParams& pool, const spec::AutoParams& params, size_t pool_capacity) {
+                            const spec::PoolParams& pool, const spec::AutoParams& params, size_t pool_capacity,
+                            std::optional<spec::CostCurve> actual) {
         std::vector<spec::ReplayRequest> reqs;
         reqs.reserve(requests.size());
         for (const auto& [prompt, output] : requests) reqs.push_back({prompt, output});
@@ -265,12 +266,14 @@ NB_MODULE(_core, m) {
         std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> out;
         {
             nb::gil_scoped_release release;
-            for (auto& steps : spec::replay_auto(reqs, curve, lookup, pool, settings, params)) {
+            for (auto& steps : spec::replay_auto(reqs, curve, lookup, pool, settings, params,
+                                                 actual ? &*actual : nullptr)) {
                 out.emplace_back(std::move(steps.sizes), std::move(steps.accepted));
             }
         }
         return out;
-    }, "requests"_a, "curve"_a, "lookup"_a, "pool"_a, "params"_a, "pool_capacity"_a = size_t(65536));
+    }, "requests"_a, "curve"_a, "lookup"_a, "pool"_a, "params"_a, "pool_capacity"_a = size_t(65536),
+       "actual"_a = nb::none());
 
     nb::class_<spec::LookupParams>(m, "LookupParams")
         .def(nb::init<>())
@@ -532,7 +535,8 @@ NB_MODULE(_core, m) {
              nb::call_guard<nb::gil_scoped_release>())
         .def("clear_pool", [](spec::Engine& e) { e.pool()->clear(); })
         .def("measure_cost", [](spec::Engine& e, bool use_draft, const std::string& draft_name,
-                                const std::vector<int32_t>& sizes, int32_t repeats, nb::object progress) {
+                                const std::vector<int32_t>& sizes, int32_t repeats, nb::object progress,
+                                int32_t context) {
             spec::CalibrationProgress callback;
             if (!progress.is_none()) {
                 callback = [progress](int32_t done, int32_t total) {
@@ -541,11 +545,12 @@ NB_MODULE(_core, m) {
                 };
             }
             nb::gil_scoped_release release;
-            return use_draft ? e.measure_draft_cost(draft_name, sizes, repeats, callback)
-                             : e.measure_target_cost(sizes, repeats, callback);
+            return use_draft ? e.measure_draft_cost(draft_name, sizes, repeats, callback, context)
+                             : e.measure_target_cost(sizes, repeats, callback, context);
         }, "use_draft"_a, "draft_name"_a = "", "sizes"_a = std::vector<int32_t>{}, "repeats"_a = 3,
-           "progress"_a = nb::none(),
-           "Times decodes of k tokens on this machine and installs the cost curve (method 'auto').")
+           "progress"_a = nb::none(), "context"_a = spec::kCalibrationContext,
+           "Times decodes of k tokens on top of `context` cached tokens and installs the cost curve "
+           "(method 'auto').")
         .def("set_cost", [](spec::Engine& e, bool use_draft, const spec::CostCurve& curve, const std::string& draft_name) {
             if (use_draft) {
                 e.set_draft_cost(curve, draft_name);

@@ -678,7 +678,7 @@ class Engine:
 
     def clear_pool(self) -> None: ...
 
-    def measure_cost(self, use_draft: bool, draft_name: str = '', sizes: Sequence[int] = [], repeats: int = 3, progress: object | None = None) -> CostCurve:
+    def measure_cost(self, use_draft: bool, draft_name: str = '', sizes: Sequence[int] = [], repeats: int = 3, progress: object | None = None, context: int = 128) -> CostCurve:
         """
         Times decodes of k tokens on this machine and installs the cost curve (method 'auto').
         """

@@ -155,13 +155,15 @@ def _progress(label: str, enabled: bool | None) -> Any:
     return bar, update
 
 
-def measure(engine: "Engine", draft: str | None, repeats: int = 3, progress: bool | None = None) -> CostCurve:
-    """Times the target (draft None) or draft slot `draft` now, installs and returns the curve."""
+def measure(engine: "Engine", draft: str | None, repeats: int = 3, progress: bool | None = None,
+            context: int = 128) -> CostCurve:
+    """Times the target (draft None) or draft slot `draft` now, installs and returns the curve.
+    context: tokens in the cache under the timed decodes (the cached calibrations use 128)."""
     label = "calibrating target" if draft is None else f"calibrating draft {draft or '(default)'}"
     log.info("%s: timing decodes of 1..64 tokens, %d rounds", label, repeats)
     bar, update = _progress(label, progress)
     try:
-        core = engine._core.measure_cost(draft is not None, draft or "", [], repeats, update)
+        core = engine._core.measure_cost(draft is not None, draft or "", [], repeats, update, context)
     finally:
         bar.close()
     return CostCurve._from_core(core)

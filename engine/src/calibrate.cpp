@@ -12,7 +12,7 @@ namespace spec {
 std::vector<int32_t> default_calibration_sizes() { return {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64}; }
 
 CostCurve measure_cost_curve(Model& model, const std::vector<int32_t>& sizes, int32_t repeats, bool all_rows,
-                             const CalibrationProgress& progress) {
+                             const CalibrationProgress& progress, int32_t context) {
     CostCurve shape{sizes, std::vector<double>(sizes.size(), 1.0)};
     validate(shape);
     if (repeats < 1) throw InvalidArgumentError("calibration repeats must be >= 1, got " + std::to_string(repeats));
@@ -21,7 +21,8 @@ CostCurve measure_cost_curve(Model& model, const std::vector<int32_t>& sizes, in
         throw InvalidArgumentError("calibration size " + std::to_string(k_max) + " exceeds n_batch=" +
                                    std::to_string(model.params().n_batch));
     }
-    const int32_t n_context = std::min(128, model.n_ctx() - k_max - 1);
+    if (context < 1) throw InvalidArgumentError("calibration context must be >= 1, got " + std::to_string(context));
+    const int32_t n_context = std::min(context, model.n_ctx() - k_max - 1);
     if (n_context < 1) throw InvalidArgumentError("calibration size " + std::to_string(k_max) + " does not fit the context");
 
     // Ordinary token ids (any valid ids will do: the cost does not depend on which).

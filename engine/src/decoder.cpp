@@ -437,18 +437,19 @@ std::vector<float> Engine::evaluate_rows(Model& model, const std::vector<int32_t
 }
 
 CostCurve Engine::measure_target_cost(const std::vector<int32_t>& sizes, int32_t repeats,
-                                      const CalibrationProgress& progress) {
+                                      const CalibrationProgress& progress, int32_t context) {
     Model& model = target();
-    const CostCurve curve = measure_cost_curve(model, sizes.empty() ? calibration_sizes(model) : sizes, repeats, true, progress);
+    const CostCurve curve =
+        measure_cost_curve(model, sizes.empty() ? calibration_sizes(model) : sizes, repeats, true, progress, context);
     target_costs_.set_prior(curve);
     return curve;
 }
 
 CostCurve Engine::measure_draft_cost(const std::string& name, const std::vector<int32_t>& sizes, int32_t repeats,
-                                     const CalibrationProgress& progress) {
+                                     const CalibrationProgress& progress, int32_t context) {
     Model& model = draft(name);
     const CostCurve curve =
-        measure_cost_curve(model, sizes.empty() ? calibration_sizes(model) : sizes, repeats, false, progress);
+        measure_cost_curve(model, sizes.empty() ? calibration_sizes(model) : sizes, repeats, false, progress, context);
     set_draft_cost(curve, name);
     return curve;
 }

@@ -33,8 +33,11 @@ int32_t accepted_length(const Draft& draft, const int32_t* actual, int32_t n_act
 
 std::vector<ReplaySteps> replay_auto(const std::vector<ReplayRequest>& requests, const CostCurve& curve,
                                      const LookupParams& lookup, const PoolParams& pool_params,
-                                     const PhrasePoolParams& pool_settings, const AutoParams& params) {
+                                     const PhrasePoolParams& pool_settings, const AutoParams& params,
+                                     const CostCurve* actual) {
     validate(curve);
+    if (actual) validate(*actual);
+    const CostCurve& charged = actual ? *actual : curve;
     CostModel costs;
     costs.set_prior(curve);
     AcceptanceStats stats;
@@ -68,7 +71,7 @@ std::vector<ReplaySteps> replay_auto(const std::vector<ReplayRequest>& requests,
             if (dreq.n_draft_max > 0) drafter->draft(dreq, draft);
             const int32_t n_accepted = accepted_length(draft, request.output.data() + n_done, n_remaining);
             const int32_t size = 1 + int32_t(draft.tokens.size());
-            costs.observe(size, curve.at(size));
+            costs.observe(size, charged.at(size));
             steps.sizes.push_back(size);
             steps.accepted.push_back(n_accepted);
             // The accepted tokens and the target's own next token.

@@ -227,10 +227,13 @@ public:
     // first. swap_draft drops the slot's curve: the new file may be quantized differently, so
     // its cost is measured or looked up for it (the Python layer caches curves by
     // Model::cost_signature).
+    // context: tokens in the cache under the timed decodes (spec/calibrate.h).
     CostCurve measure_target_cost(const std::vector<int32_t>& sizes = {}, int32_t repeats = 3,
-                                  const CalibrationProgress& progress = nullptr);
+                                  const CalibrationProgress& progress = nullptr,
+                                  int32_t context = kCalibrationContext);
     CostCurve measure_draft_cost(const std::string& name = "", const std::vector<int32_t>& sizes = {},
-                                 int32_t repeats = 3, const CalibrationProgress& progress = nullptr);
+                                 int32_t repeats = 3, const CalibrationProgress& progress = nullptr,
+                                 int32_t context = kCalibrationContext);
     void set_target_cost(const CostCurve& curve);
     void set_draft_cost(const CostCurve& curve, const std::string& name = "");
     CostCurve target_cost() const;                            // empty when not measured
