@@ -229,6 +229,7 @@ NB_MODULE(_core, m) {
     m.def("kind_lookup", &spec::kind_lookup, "match_len"_a);
     m.def("kind_pool", &spec::kind_pool, "match_len"_a);
     m.def("kind_model", &spec::kind_model, "probability"_a);
+    m.def("kind_lookup_contested", &spec::kind_lookup_contested);
 
     nb::class_<spec::DraftPlan>(m, "DraftPlan")
         .def_ro("keep", &spec::DraftPlan::keep)

@@ -273,8 +273,9 @@ def test_planner_is_exposed_for_inspection() -> None:
 
 
 def _replay(prompt: list[int], output: list[int], curve: pyspec.CostCurve, stop_tokens: list[int] = (),
-            adapt_costs: bool = True):
+            adapt_costs: bool = True, pool: bool = True):
     params = pyspec.GenerationConfig(method="auto").to_core()
+    params.pool.enabled = pool  # off: prompt lookup's proposals alone
     params.lookup.stop_tokens = list(stop_tokens)
     params.scheduler.adapt_costs = adapt_costs  # off: no probes of sizes the curve calls dear
     ((sizes, accepted),) = _core.replay_auto([(prompt, output)], curve._core(), params.lookup, params.pool,
@@ -308,3 +309,21 @@ def test_replay_copies_stop_at_stop_tokens() -> None:
     without, acc_without = _replay(prompt, output, flat(10.0))
     assert sum(acc_stops) == sum(acc_without)  # the same copy is accepted either way
     assert sum(with_stops) < sum(without)      # but fewer tokens are verified for it
+
+
+def test_replay_stops_before_a_contested_node() -> None:
+    # The prompt's 8-token key K occurs twice; both continuations start 10 11, then one goes on
+    # 14 15 ... and the most recent one 30 31 ...: its third node is a guess between the two
+    # (kind_lookup_contested). Verifying up to 3 tokens costs about one, 8 tokens 1.4x: the
+    # uncontested copy is drafted 7 deep, the contested one only up to the guess. (Without the
+    # phrase pool, whose branches would add nodes of their own.)
+    key = list(range(1, 9))
+    first = [*key, 10, 11, *range(14, 30), 99]
+    second = [*key, 10, 11, *range(30, 46), 98]
+    output = [10, 11, *range(30, 46)]
+    curve = pyspec.CostCurve((1, 3, 8, 64), (50.0, 52.0, 70.0, 1000.0))
+    contested, _ = _replay(first + second + key, output, curve, adapt_costs=False, pool=False)
+    uncontested, _ = _replay([97] * len(first) + second + key, output, curve, adapt_costs=False, pool=False)
+    assert uncontested[0] == 8
+    assert contested[0] == 3
+    assert _core.kind_lookup_contested() not in {_core.kind_lookup(n) for n in range(1, 66)}

@@ -16,6 +16,11 @@ namespace {
 
 constexpr uint64_t kHashSeed = 0x2545f4914f6cdd1dULL;
 
+// Earlier occurrences of a match's key read when marking contested nodes (the most recent first):
+// enough for a module of a few dozen similar functions, bounded so a key as common as a newline
+// costs a bounded walk.
+constexpr int32_t kMaxRivals = 32;
+
 // splitmix64's finaliser over (h ^ token): n-gram hashes are built from the last token
 // backwards, so one pass gives the hashes of every length ending at one position.
 uint64_t hash_step(uint64_t h, int32_t token) {
@@ -28,7 +33,9 @@ uint64_t hash_step(uint64_t h, int32_t token) {
 class PromptLookupDrafter final : public Drafter {
 public:
     explicit PromptLookupDrafter(const LookupParams& params)
-        : params_(params), index_(size_t(params.ngram_max - params.ngram_min + 1)) {
+        : params_(params),
+          index_(size_t(params.ngram_max - params.ngram_min + 1)),
+          previous_(size_t(params.ngram_max - params.ngram_min + 1)) {
         std::sort(params_.stop_tokens.begin(), params_.stop_tokens.end());
     }
 
@@ -67,6 +74,7 @@ public:
         for (size_t i = 0; i < out.tokens.size(); ++i) {
             out.kinds[i] = short_output_match ? kind_lookup_output(n_matched) : kind_lookup(n_matched + int32_t(i));
         }
+        mark_contested(match, out);
         if (stopped && !out.kinds.empty()) out.kinds.back() = kind_lookup_end();
         stats_.n_proposed += int64_t(out.tokens.size());
     }
@@ -83,6 +91,7 @@ private:
         tokens_.clear();
         n_indexed_ = 0;
         for (auto& by_hash : index_) by_hash.clear();
+        for (auto& prev : previous_) prev.clear();
     }
 
     // Appends the committed tokens not seen yet and indexes every n-gram that now has a
@@ -96,12 +105,20 @@ private:
 
     // Records position last + 1 as the continuation of every n-gram ending at `last`. Positions
     // are indexed in increasing order, so each entry ends up holding the most recent occurrence.
+    // The entry it replaces becomes the previous occurrence of that n-gram (previous_).
     void index_ngrams_ending_at(int32_t last) {
         uint64_t h = kHashSeed;
         const int32_t n_max = std::min(params_.ngram_max, last + 1);
+        for (size_t i = 0; i < previous_.size(); ++i) previous_[i].resize(size_t(last) + 2, -1);
         for (int32_t n = 1; n <= n_max; ++n) {
             h = hash_step(h, tokens_[size_t(last - n + 1)]);
-            if (n >= params_.ngram_min) index_[size_t(n - params_.ngram_min)][h] = last + 1;
+            if (n < params_.ngram_min) continue;
+            const size_t i = size_t(n - params_.ngram_min);
+            const auto [it, inserted] = index_[i].try_emplace(h, last + 1);
+            if (!inserted) {
+                previous_[i][size_t(last) + 1] = it->second;
+                it->second = last + 1;
+            }
         }
     }
 
@@ -145,6 +162,37 @@ private:
         return n;
     }
 
+    // Marks the nodes where the key's earlier occurrences disagree (kind_lookup_contested): the
+    // copy follows the most recent occurrence of its key; every other occurrence whose
+    // continuation has agreed with the draft so far is a rival, and a node where a rival went on
+    // differently is a guess between them (a module of similar functions repeats short keys with
+    // different continuations). Rivals are followed only through committed tokens.
+    void mark_contested(const Match& match, Draft& out) const {
+        const int32_t n_tokens = int32_t(tokens_.size());
+        const std::vector<int32_t>& prev = previous_[size_t(match.n - params_.ngram_min)];
+        rivals_.clear();
+        for (int32_t r = prev[size_t(match.start)]; r >= 0 && int32_t(rivals_.size()) < kMaxRivals;
+             r = prev[size_t(r)]) {
+            // Same hash; only a real occurrence of the key counts.
+            if (std::equal(tokens_.end() - match.n, tokens_.end(), tokens_.begin() + (r - match.n))) rivals_.push_back(r);
+        }
+        for (size_t i = 0; i < out.tokens.size() && !rivals_.empty(); ++i) {
+            bool contested = false;
+            size_t n_alive = 0;
+            for (const int32_t r : rivals_) {
+                const int32_t pos = r + int32_t(i);
+                if (pos >= n_tokens) continue;  // its continuation is not known yet
+                if (tokens_[size_t(pos)] != out.tokens[i]) {
+                    contested = true;
+                    continue;
+                }
+                rivals_[n_alive++] = r;
+            }
+            rivals_.resize(n_alive);
+            if (contested) out.kinds[i] = kind_lookup_contested();
+        }
+    }
+
     LookupParams params_;
     std::vector<int32_t> tokens_;  // [n_tokens] the committed sequence seen so far
     int32_t n_prompt_ = 0;         // tokens_[0, n_prompt_) is the request's prompt
@@ -152,6 +200,10 @@ private:
     // [ngram_max - ngram_min + 1] per n-gram length n (from ngram_min): hash of the n tokens ->
     // position of the token that followed their most recent occurrence.
     std::vector<std::unordered_map<uint64_t, int32_t>> index_;
+    // [same][n_tokens] per n-gram length: continuation position -> the continuation position of
+    // the previous occurrence of the n-gram before it (-1: none), a chain through all occurrences.
+    std::vector<std::vector<int32_t>> previous_;
+    mutable std::vector<int32_t> rivals_;  // mark_contested's scratch
     DrafterStats stats_;
 };
 

@@ -61,13 +61,18 @@ constexpr int32_t kFirstLookup = 1, kFirstPool = kFirstLookup + kMatchBuckets;
 constexpr int32_t kFirstModel = kFirstPool + kMatchBuckets, kModelKinds = 10;
 constexpr int32_t kLookupEnd = kFirstModel + kModelKinds;
 constexpr int32_t kFirstLookupOutput = kLookupEnd + 1;
-static_assert(kFirstLookupOutput + kMatchBuckets <= kNumKinds, "node kinds must fit kNumKinds");
+constexpr int32_t kLookupContested = kFirstLookupOutput + kMatchBuckets;
+static_assert(kLookupContested < kNumKinds, "node kinds must fit kNumKinds");
+// Prior mean of a contested node (kind_lookup_contested): a guess between continuations, about
+// the middle of the measured 0.05-0.13 and well below any uncontested copy.
+constexpr double kContestedPrior = 0.1;
 
 bool is_lookup_output_kind(int32_t kind) {
     return kind >= kFirstLookupOutput && kind < kFirstLookupOutput + kMatchBuckets;
 }
 
 double prior_mean(int32_t kind) {
+    if (kind == kLookupContested) return kContestedPrior;
     if (is_model_kind(uint8_t(kind))) return (kind - kFirstModel + 0.5) / kModelKinds;
     if (kind >= kFirstLookup && kind < kFirstModel) {
         const double m = kBucketStart[(kind - kFirstLookup) % kMatchBuckets];
@@ -93,6 +98,7 @@ uint8_t kind_model(float probability) {
     return uint8_t(kFirstModel + decile);
 }
 uint8_t kind_lookup_end() { return uint8_t(kLookupEnd); }
+uint8_t kind_lookup_contested() { return uint8_t(kLookupContested); }
 uint8_t kind_lookup_output(int32_t root_match_len) {
     return uint8_t(kFirstLookupOutput + match_bucket(root_match_len));
 }

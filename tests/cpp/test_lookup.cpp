@@ -213,6 +213,47 @@ void test_short_matches_in_the_output_have_their_own_kind() {
           out.kinds[2] == spec::kind_lookup_output(2));
 }
 
+spec::Draft draft_of(const Tokens& seq, int32_t n_draft_max, int32_t ngram_max) {
+    spec::LookupParams params;
+    params.ngram_max = ngram_max;
+    auto drafter = spec::make_prompt_lookup_drafter(params);
+    drafter->begin(seq);
+    spec::SamplingParams sampling;
+    spec::Rng rng(0);
+    spec::DraftRequest request{&seq, n_draft_max, &sampling, &rng};
+    spec::Draft out;
+    drafter->draft(request, out);
+    return out;
+}
+
+void test_contested_nodes() {
+    // The key [9 1 2] occurs twice; the most recent occurrence goes on 3 7 8, the earlier 3 4 5:
+    // node 0 (3) agrees, node 1 (7) is a guess between 7 and 4, and past it the earlier
+    // occurrence no longer agrees with the path, so node 2 is an ordinary copy node again.
+    const Tokens seq = {9, 1, 2, 3, 4, 5, 9, 1, 2, 3, 7, 8, 9, 1, 2};
+    spec::Draft out = draft_of(seq, 4, 3);
+    CHECK((out.tokens == Tokens{3, 7, 8, 9}));
+    CHECK(out.kinds.size() == 4);
+    CHECK(out.kinds[0] == spec::kind_lookup(3));
+    CHECK(out.kinds[1] == spec::kind_lookup_contested());
+    CHECK(out.kinds[2] == spec::kind_lookup(5) && out.kinds[3] == spec::kind_lookup(6));
+    // Three occurrences: a rival that agrees longer contests a later node.
+    const Tokens three = {9, 1, 2, 3, 4, 6, 9, 1, 2, 3, 7, 8, 9, 1, 2, 3, 4, 5, 9, 1, 2};
+    out = draft_of(three, 4, 3);
+    CHECK((out.tokens == Tokens{3, 4, 5, 9}));
+    CHECK(out.kinds[0] == spec::kind_lookup(3) && out.kinds[1] == spec::kind_lookup_contested() &&
+          out.kinds[2] == spec::kind_lookup_contested() && out.kinds[3] == spec::kind_lookup(6));
+    // A repeating pattern: every occurrence agrees, the ones read past the known tokens are not
+    // followed, and nothing is contested.
+    const Tokens period = {5, 1, 2, 5, 1, 2, 5, 1, 2};
+    out = draft_of(period, 6, 2);
+    CHECK((out.tokens == Tokens{5, 1, 2, 5, 1, 2}));
+    for (const uint8_t kind : out.kinds) CHECK(kind != spec::kind_lookup_contested());
+    // One occurrence: nothing to contest.
+    out = draft_of({1, 2, 3, 4, 1, 2}, 2, 3);
+    CHECK(out.kinds[0] == spec::kind_lookup(2) && out.kinds[1] == spec::kind_lookup(3));
+}
+
 void test_validation() {
     CHECK(throws_invalid([] { make_drafter(3, 0); }, "ngram_min=0"));
     CHECK(throws_invalid([] { make_drafter(2, 3); }, "1 <= ngram_min <= ngram_max <= 16"));
@@ -235,6 +276,7 @@ int main() {
     test_counters();
     test_stop_tokens_end_the_continuation();
     test_short_matches_in_the_output_have_their_own_kind();
+    test_contested_nodes();
     test_validation();
     std::printf("%d checks, %d failed\n", g_checks, g_failures);
     return g_failures == 0 ? 0 : 1;

@@ -121,6 +121,17 @@ void test_record_outcome() {
     CHECK_NEAR(u.estimate(kKindUnknown, 2), 0.5, 1e-12);  // never tried: its parent was rejected
 }
 
+void test_contested_kind() {
+    const uint8_t c = kind_lookup_contested();
+    CHECK(c < kNumKinds && !is_model_kind(c) && !kind_has_depth(c));
+    CHECK(c != kind_lookup_end() && c != kind_lookup_output(16) && c != kind_pool(65));
+    AcceptanceStats s;
+    CHECK_NEAR(s.estimate(c, 0), 0.1, 1e-12);  // its prior: well below any copy node's
+    CHECK(s.estimate(c, 0) < s.estimate(kind_lookup(1), 0));
+    s.record(c, 5, true);
+    CHECK_NEAR(s.estimate(c, 0), (1 + 2 * 0.1) / 3.0, 1e-12);  // one cell for every depth
+}
+
 void test_plan_draft_hand_computed() {
     // A chain of three unknown-kind nodes (estimate 0.5 each): P = 0.5, 0.25, 0.125.
     // Cost: 100 ms + 20 ms per extra token. Rates: none 1/100, one node 1.5/120 = 0.0125,
@@ -262,6 +273,7 @@ int main() {
     test_kinds();
     test_acceptance_stats();
     test_record_outcome();
+    test_contested_kind();
     test_plan_draft_hand_computed();
     test_plan_draft_siblings_share_mass();
     test_plan_probe();

@@ -68,6 +68,13 @@ uint8_t kind_lookup_end();
 // 0.8 rising to 0.98). 44..59.
 constexpr int32_t kLongOutputMatch = 17;
 uint8_t kind_lookup_output(int32_t root_match_len);
+// A prompt-lookup node where the copied key's earlier occurrences disagree: another occurrence
+// whose continuation agreed with the draft up to this node went on with a different token here,
+// so the node is a guess between them (a module of similar functions repeats short keys with
+// different continuations). One kind whatever its match length: measured on the HumanEval, edit
+// and longedit outputs (benchmarks/match_ambiguity.py), such nodes are accepted with P 0.05-0.13
+// where uncontested nodes of the same match lengths are accepted with P 0.77-0.99. 60.
+uint8_t kind_lookup_contested();
 bool is_model_kind(uint8_t kind);
 // Whether a node's acceptance is also keyed by its depth (draft-model and unknown nodes);
 // context-match kinds carry their depth in the match length already.
