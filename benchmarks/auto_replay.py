@@ -73,6 +73,30 @@ def model_cost(curve: Any, sizes: list[int]) -> float:
     return sum(curve.at(k) for k in sizes)
 
 
+def copy_bound_sizes(prompt: list[int], output: list[int], curve: Any, max_depth: int = 64) -> list[int]:
+    """Step sizes of a drafter that knows the output but drafts only copies: after the target's
+    token, exactly the longest run of what follows that occurs somewhere in the context (prompt
+    and output so far, up to max_depth tokens), when verifying it costs less than decoding it
+    plainly. A bound for copy drafting (lookup, pool), not for a draft model."""
+    context, sizes, i = list(prompt), [], 0
+    while i < len(output):
+        context.append(output[i])
+        rest = output[i + 1:i + 1 + max_depth]
+        best = 0
+        for j, token in enumerate(context):
+            if rest and token == rest[0]:
+                n = 0
+                while n < len(rest) and j + n < len(context) and context[j + n] == rest[n]:
+                    n += 1
+                best = max(best, n)
+        if best and curve.at(1 + best) > (1 + best) * curve.at(1):
+            best = 0
+        context.extend(rest[:best])
+        sizes.append(1 + best)
+        i += 1 + best
+    return sizes
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bench", type=Path, action="append", default=[], help="pyspec bench --json file(s) with none")
@@ -87,6 +111,9 @@ def main() -> int:
                          "and --actual-context, e.g. the target at a long context) while auto plans from "
                          "the cached calibration, as the engine does at that context")
     ap.add_argument("--actual-context", default="2048", help="which curve of the --actual-curve file")
+    ap.add_argument("--copy-bound", action="store_true",
+                    help="also the modelled speed of drafting exactly the copyable continuation each step "
+                         "(the output known in advance): how much copy drafting could gain at all")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args()
 
@@ -118,13 +145,20 @@ def main() -> int:
             rows.append({"prompt_id": pid, "n": n, "none": n / t_none * 1e3, "auto": n / t_auto * 1e3,
                          "calls": len(sizes), "plain": sum(1 for k in sizes if k == 1) / len(sizes),
                          "drafted": sum(sizes) - len(sizes), "accepted": sum(accepted)})
+            if args.copy_bound:
+                rows[-1]["bound"] = n / model_cost(actual, copy_bound_sizes(prompts[pid], output, actual)) * 1e3
         med = lambda key: statistics.median(r[key] for r in rows)  # noqa: E731
         ratio = lambda a, b: statistics.median(r[a] / r[b] for r in rows)  # noqa: E731
+        geo = lambda key: statistics.geometric_mean(r[key] / r["none"] for r in rows)  # noqa: E731
         tokens_per_call = statistics.median(r["n"] / r["calls"] for r in rows)
         print(f"{suite}: {len(rows)} prompts; modelled tok/s none {med('none'):.1f}, auto {med('auto'):.1f}; "
               f"auto/none {ratio('auto', 'none'):.2f}x; tokens/call {tokens_per_call:.2f}, "
               f"plain steps {med('plain'):.0%}, accepted/drafted "
-              f"{sum(r['accepted'] for r in rows) / max(1, sum(r['drafted'] for r in rows)):.2f}")
+              f"{sum(r['accepted'] for r in rows) / max(1, sum(r['drafted'] for r in rows)):.2f}; "
+              f"geometric mean of auto/none {geo('auto'):.2f}x")
+        if args.copy_bound:
+            print(f"  copy bound: tok/s {med('bound'):.1f}, bound/none {ratio('bound', 'none'):.2f}x, "
+                  f"geometric mean {geo('bound'):.2f}x")
         if args.per_prompt:
             for r in rows:
                 print(f"  {r['prompt_id']:<16} auto {r['auto']:5.1f} calls {r['calls']:3d} "
