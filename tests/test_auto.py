@@ -327,3 +327,33 @@ def test_replay_stops_before_a_contested_node() -> None:
     assert uncontested[0] == 8
     assert contested[0] == 3
     assert _core.kind_lookup_contested() not in {_core.kind_lookup(n) for n in range(1, 66)}
+
+
+def test_calibration_at_a_context(engine: pyspec.Engine) -> None:
+    # The decodes are timed over `context` cached tokens; at most what the window leaves beside
+    # the largest size (n_ctx 1024, sizes up to 64), and a context below 1 is refused.
+    curve = calibration.measure(engine, None, repeats=1, progress=False, context=900)
+    assert curve.n_tokens[0] == 1 and all(t > 0 for t in curve.ms)
+    assert engine._core.cost(False, "").ms == list(curve.ms)  # installed, as any measurement
+    assert calibration.measure(engine, None, repeats=1, progress=False, context=5000).ms[0] > 0
+    with pytest.raises(pyspec.InvalidArgumentError, match="calibration context must be >= 1, got 0"):
+        calibration.measure(engine, None, repeats=1, progress=False, context=0)
+
+
+def test_replay_charges_the_actual_curve() -> None:
+    # Planned from a flat curve, a certain copy is drafted 64 deep every step. Charged a curve
+    # where verifying k tokens costs 3k times one, the cost model corrects the sizes it has seen
+    # from the charged steps (by at most 3x per step) and the drafts shrink: the charged times
+    # reach the plan.
+    quote = list(range(1000, 2200))
+    prompt = [900, *quote, 901, 7]
+    output = [*quote[:1000]]
+    params = pyspec.GenerationConfig(method="auto").to_core()
+    params.pool.enabled = False
+    dear = pyspec.CostCurve((1, 2, 64), (10.0, 60.0, 1920.0))
+    replay = lambda actual: _core.replay_auto([(prompt, output)], flat(10.0)._core(), params.lookup,  # noqa: E731
+                                              params.pool, params.scheduler, actual=actual)
+    ((as_planned, _),) = replay(None)
+    ((corrected, _),) = replay(dear._core())
+    assert set(as_planned[1:-1]) == {65}
+    assert len(corrected) > len(as_planned) and min(corrected[1:-1]) < 16
