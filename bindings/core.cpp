@@ -168,11 +168,11 @@ NB_MODULE(_core, m) {
         for (const spec::DrafterMethod& method : spec::drafter_methods()) {
             const char* use = method.draft_model == spec::DraftModelUse::required ? "required"
                             : method.draft_model == spec::DraftModelUse::optional ? "optional" : "never";
-            out.emplace_back(method.name, use, method.needs_head);
+            out.emplace_back(method.name, use, method.head == spec::HeadUse::required);
         }
         return out;
     }, "The engine's drafting methods in display order: (name, draft-model use 'never' | 'required' | "
-       "'optional', needs a draft head).");
+       "'optional', requires a draft head).");
 
     nb::class_<spec::TreeParams>(m, "TreeParams")
         .def(nb::init<>())
@@ -202,7 +202,8 @@ NB_MODULE(_core, m) {
         .def_rw("max_nodes", &spec::AutoParams::max_nodes)
         .def_rw("max_gamma", &spec::AutoParams::max_gamma)
         .def_rw("adapt_costs", &spec::AutoParams::adapt_costs)
-        .def_rw("use_draft_model", &spec::AutoParams::use_draft_model);
+        .def_rw("use_draft_model", &spec::AutoParams::use_draft_model)
+        .def_rw("use_head", &spec::AutoParams::use_head);
 
     nb::class_<spec::CostCurve>(m, "CostCurve")
         .def(nb::init<>())
@@ -240,8 +241,13 @@ NB_MODULE(_core, m) {
         .def_ro("gamma", &spec::ChainPlan::gamma)
         .def_ro("expected_tokens", &spec::ChainPlan::expected_tokens)
         .def_ro("ms", &spec::ChainPlan::ms);
-    m.def("plan_chain", &spec::plan_chain, "alpha"_a, "step_ms"_a, "draft_token_ms"_a, "gamma_max"_a,
-          "fixed_ms"_a = 0.0);
+    using ChainPlanOne = spec::ChainPlan (*)(double, const std::vector<double>&, double, int32_t, double);
+    using ChainPlanByDepth = spec::ChainPlan (*)(const std::vector<double>&, const std::vector<double>&, double,
+                                                 int32_t, double);
+    m.def("plan_chain", static_cast<ChainPlanOne>(&spec::plan_chain), "alpha"_a, "step_ms"_a, "draft_token_ms"_a,
+          "gamma_max"_a, "fixed_ms"_a = 0.0);
+    m.def("plan_chain", static_cast<ChainPlanByDepth>(&spec::plan_chain), "alpha"_a, "step_ms"_a, "draft_token_ms"_a,
+          "gamma_max"_a, "fixed_ms"_a = 0.0);
 
     nb::class_<spec::CostModel>(m, "CostModel")
         .def(nb::init<>())
@@ -313,6 +319,8 @@ NB_MODULE(_core, m) {
         .def_ro("n_candidate_tokens", &spec::Stats::n_candidate_tokens)
         .def_ro("n_draft_decodes", &spec::Stats::n_draft_decodes)
         .def_ro("n_empty_drafts", &spec::Stats::n_empty_drafts)
+        .def_ro("n_head_drafts", &spec::Stats::n_head_drafts)
+        .def_ro("n_head_accepted", &spec::Stats::n_head_accepted)
         .def_ro("accept_histogram", &spec::Stats::accept_histogram)
         .def_ro("t_prefill_ms", &spec::Stats::t_prefill_ms)
         .def_ro("t_draft_ms", &spec::Stats::t_draft_ms)

@@ -247,6 +247,12 @@ class AutoParams:
     @use_draft_model.setter
     def use_draft_model(self, arg: bool, /) -> None: ...
 
+    @property
+    def use_head(self) -> bool: ...
+
+    @use_head.setter
+    def use_head(self, arg: bool, /) -> None: ...
+
 class CostCurve:
     @overload
     def __init__(self) -> None: ...
@@ -313,8 +319,13 @@ class ChainPlan:
     @property
     def ms(self) -> float: ...
 
+@overload
 def plan_chain(alpha: float, step_ms: list[float], draft_token_ms: float, gamma_max: int,
                fixed_ms: float = 0.0) -> ChainPlan: ...
+@overload
+def plan_chain(alpha: list[float], step_ms: list[float], draft_token_ms: float, gamma_max: int,
+               fixed_ms: float = 0.0) -> ChainPlan: ...
+
 
 class LookupParams:
     def __init__(self) -> None: ...
@@ -469,6 +480,12 @@ class Stats:
 
     @property
     def n_empty_drafts(self) -> int: ...
+
+    @property
+    def n_head_drafts(self) -> int: ...
+
+    @property
+    def n_head_accepted(self) -> int: ...
 
     @property
     def accept_histogram(self) -> list[int]: ...

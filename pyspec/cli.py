@@ -51,6 +51,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             acceptance=args.acceptance, typical_epsilon=args.typical_epsilon, typical_delta=args.typical_delta,
             auto_max_depth=args.auto_max_depth, auto_max_nodes=args.auto_max_nodes,
             auto_max_gamma=args.auto_max_gamma, auto_draft_model=not args.auto_no_draft_model,
+            auto_head=not args.auto_no_head,
         )
         if args.json:
             result = engine.generate(prompt, **kwargs)
@@ -103,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"auto: longest draft-model chain considered (default {d.auto_max_gamma})")
     gen.add_argument("--auto-no-draft-model", action="store_true",
                      help="auto: never draft with the draft model (lookup, pool and plain decoding only)")
+    gen.add_argument("--auto-no-head", action="store_true", help="auto: never draft with the draft head (--head)")
     gen.add_argument("--tree-nodes", type=int, default=d.tree_nodes, help=f"tree: node budget (default {d.tree_nodes})")
     gen.add_argument("--tree-depth", type=int, default=d.tree_depth, help=f"tree: longest path (default {d.tree_depth})")
     gen.add_argument("--tree-branching", type=int, default=d.tree_branching,

@@ -21,6 +21,8 @@ class GenerationStats:
     n_candidate_tokens: int  # tokens drafted before compression (beam: beams x length per step)
     n_draft_decodes: int  # draft-model decodes (prefill included); 0 for model-free methods
     n_empty_drafts: int  # steps that verified no draft token (auto: plain decoding steps)
+    n_head_drafts: int  # steps that verified a draft of the draft head (redrafter; auto when it chose the head)
+    n_head_accepted: int  # draft tokens of the head accepted
     acceptance_rate: float  # n_accepted / n_drafted
     tokens_per_target_call: float  # n_generated / n_target_calls
     tokens_per_second: float  # n_generated / generation time (prefill excluded)
@@ -46,6 +48,8 @@ class GenerationStats:
             n_candidate_tokens=s.n_candidate_tokens,
             n_draft_decodes=s.n_draft_decodes,
             n_empty_drafts=s.n_empty_drafts,
+            n_head_drafts=s.n_head_drafts,
+            n_head_accepted=s.n_head_accepted,
             acceptance_rate=s.acceptance_rate,
             tokens_per_target_call=s.tokens_per_target_call,
             tokens_per_second=s.tokens_per_second,
@@ -166,7 +170,7 @@ class GenerationResult:
     logits: np.ndarray | None = field(default=None, repr=False)
     draft: str = ""  # the draft slot asked for ("" = the default draft)
     draft_version: int = 0  # that slot's version when it drafted; 0 when no draft model drafted
-    head_version: int = 0   # the draft head's version when it drafted (method "redrafter"); 0 otherwise
+    head_version: int = 0   # the draft head's version when one could draft (redrafter; auto with a head); 0 otherwise
     # When generated with logprobs=k: every generated token's log-probability and its row's top k.
     logprobs: TokenLogprobs | None = field(default=None, repr=False)
     # [n_target_calls] float32: the time of each step's target decode + verification (ms), and

@@ -365,3 +365,80 @@ def test_online_fine_tuning_of_the_head(tiny_target: str, head_files: dict[str, 
                 assert r.tokens == engine.generate(p, max_tokens=48, method="none").tokens
         finally:
             distiller.close()
+
+
+# -- method "auto" with a head ----------------------------------------------------------------------
+
+
+def install_target_cost(engine: pyspec.Engine, ms: tuple[float, float]) -> None:
+    """A synthetic target curve: one token costs ms[0], 64 tokens ms[1], linear between. Planned
+    with auto_adapt_costs=False (otherwise the engine corrects it from the real step times)."""
+    engine._core.set_cost(False, pyspec.CostCurve((1, 64), ms)._core(), "")
+
+
+FLAT = (10.0, 10.0)           # verifying 64 tokens costs what one does (a GPU-like curve)
+DEAR = (10.0, 10.0 + 63 * 4)  # each verified token adds 0.4 of a one-token step
+
+
+def test_auto_drafts_with_a_head_where_it_pays(tiny_target: str, head_files: dict[str, object]) -> None:
+    """With free verification the trained head's chains pay: auto drafts them (no draft model,
+    non-repetitive prompts, so lookup has little to offer), they are accepted, and the output is
+    plain decoding's."""
+    with pyspec.Engine(tiny_target, n_ctx=1024, n_threads=2, head=head_files["files"]["f32"]) as engine:
+        install_target_cost(engine, FLAT)
+        for prompt in PROMPTS:
+            plain = engine.generate(prompt, max_tokens=48, method="none")
+            auto = engine.generate(prompt, max_tokens=48, auto_adapt_costs=False)
+            assert auto.tokens == plain.tokens, prompt
+            s = auto.stats
+            assert auto.head_version == 1
+            assert s.n_head_drafts > 0 and 0 < s.n_head_accepted <= s.n_accepted, s
+            assert s.n_draft_decodes == 0  # no draft model
+        off = engine.generate(PROMPTS[1], max_tokens=48, auto_adapt_costs=False, auto_head=False)
+        assert off.stats.n_head_drafts == 0 and off.head_version == 0
+
+
+def test_auto_drops_a_head_that_does_not_pay(tiny_target: str, head_files: dict[str, object]) -> None:
+    """Verification that costs 0.4 of a step per token: the optimistic prior gets the untrained
+    head tried, its real acceptance stops it within a few drafts, and it stays stopped in later
+    requests; a reloaded head starts afresh and is tried again."""
+    files = head_files["files"]
+    with pyspec.Engine(tiny_target, n_ctx=1024, n_threads=2, head=files["untrained"]) as engine:
+        install_target_cost(engine, DEAR)
+        plain = engine.generate(PROMPTS[2], max_tokens=48, method="none")
+        first = engine.generate(PROMPTS[2], max_tokens=48, auto_adapt_costs=False)
+        assert first.tokens == plain.tokens
+        assert 0 < first.stats.n_head_drafts <= 6, first.stats
+        later = engine.generate(PROMPTS[2], max_tokens=48, auto_adapt_costs=False)
+        assert later.tokens == plain.tokens and later.stats.n_head_drafts == 0
+        engine.reload_head(files["untrained"])
+        again = engine.generate(PROMPTS[2], max_tokens=48, auto_adapt_costs=False)
+        assert again.tokens == plain.tokens and again.stats.n_head_drafts > 0
+
+
+def test_auto_with_a_head_on_measured_costs_equals_plain(tiny_target: str, tiny_drafts: dict[str, str],
+                                                         head_files: dict[str, object]) -> None:
+    """The engine's own calibration, corrected online, with a head and a draft model loaded:
+    whatever auto picks, greedy output is plain decoding's."""
+    with pyspec.Engine(tiny_target, draft=tiny_drafts["perturbed"], n_ctx=1024, n_threads=2,
+                       head=head_files["files"]["f32"]) as engine:
+        for prompt in PROMPTS:
+            assert engine.generate(prompt, max_tokens=48).tokens == engine.generate(prompt, max_tokens=48,
+                                                                                    method="none").tokens
+
+
+def test_auto_head_samples_target_distribution(tiny_target: str, head_files: dict[str, object]) -> None:
+    """Head chains are deterministic candidates: auto's sampled output keeps the target's
+    distribution (chi-square of the first two tokens; the second is drafted by the head), and a
+    seeded request samples exactly what plain decoding samples."""
+    with pyspec.Engine(tiny_target, n_ctx=1024, n_threads=2, head=head_files["files"]["f32"]) as engine:
+        install_target_cost(engine, FLAT)
+        prompt = engine.tokenize(PROMPTS[0])
+        _, _, n_accepted, _ = check_first_two_tokens(engine, prompt, method="auto", auto_adapt_costs=False)
+        assert n_accepted > 0
+        for seed in range(5):
+            options = dict(max_tokens=40, temperature=0.8, top_p=0.95, seed=seed)
+            plain = engine.generate(PROMPTS[2], method="none", **options)
+            auto = engine.generate(PROMPTS[2], auto_adapt_costs=False, **options)
+            assert auto.tokens == plain.tokens
+            assert auto.stats.n_head_drafts > 0

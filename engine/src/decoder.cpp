@@ -355,6 +355,7 @@ void Engine::swap_head(std::unique_ptr<DraftHead> head) {
     old = std::move(head_);
     head_ = std::move(head);
     ++head_version_;
+    forget_head_record();
 }
 
 void Engine::reload_head(const std::string& path) { swap_head(load_head(path)); }
@@ -365,6 +366,12 @@ void Engine::remove_head() {
     std::lock_guard<std::mutex> lock(drafts_mutex_);
     if (!head_) throw InvalidArgumentError("engine has no draft head to remove");
     old = std::move(head_);
+    forget_head_record();
+}
+
+void Engine::forget_head_record() {
+    head_costs_ = CostModel();
+    head_acceptance_.clear();
 }
 
 bool Engine::has_head() const {
@@ -522,12 +529,14 @@ std::unique_ptr<Drafter> Engine::make_drafter(const GenerateParams& params) {
         }
         resources.acceptance = &acceptance_[params.draft];
     }
-    if (method.needs_head) {
+    if (method_uses_head(method, params, head_ != nullptr)) {
         if (!head_) {
             throw InvalidArgumentError("method '" + params.method +
                                        "' needs a draft head; load one with reload_head (pyspec train-head makes one)");
         }
         resources.head = head_.get();
+        resources.head_cost = &head_costs_;
+        resources.head_acceptance = &head_acceptance_;
     }
     // Copies stop at the target's control tokens (LookupParams::stop_tokens).
     GenerateParams with_stops = params;
@@ -620,7 +629,8 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
     if (method_uses_draft_model(method, params, has_draft(params.draft))) {
         req.result.draft_version = draft_version(params.draft);
     }
-    if (method.needs_head) req.result.head_version = head_version();
+    const bool uses_head = method_uses_head(method, params, head_ != nullptr);
+    if (uses_head) req.result.head_version = head_version();
     Stats& stats = req.result.stats;
     stats.n_prompt_tokens = int32_t(prompt.size());
     const DraftShape shape = method.shape(params);
@@ -635,7 +645,7 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
         Model& model;
         explicit HiddenOutput(Model& m, bool on) : model(m) { model.set_hidden_output(on); }
         ~HiddenOutput() { model.set_hidden_output(false); }
-    } hidden_output(*target_, method.needs_head);
+    } hidden_output(*target_, uses_head);
 
     const int32_t n_ctx = target_->n_ctx();
     const int32_t n_batch = target_->params().n_batch;
@@ -690,7 +700,7 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
             row = node + 1;
         }
         if (running) running = commit_token(req, verdict.next_token, req.target.logits(row), on_text);
-        if (running && method.needs_head) {
+        if (running && uses_head) {
             const float* h = req.target.hidden(row);
             req.hidden.assign(h, h + req.target.n_hidden());
         }
@@ -707,7 +717,12 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
     if (!tail.empty() && on_text && req.result.finish_reason != "cancelled") on_text(tail, req.result);
     req.result.text = utf8_sanitize(req.text.text());
     stats.n_generated = int32_t(req.result.tokens.size());
-    if (drafter) stats.n_draft_decodes = int32_t(drafter->stats().n_model_decodes);
+    if (drafter) {
+        const DrafterStats drafted = drafter->stats();
+        stats.n_draft_decodes = int32_t(drafted.n_model_decodes);
+        stats.n_head_drafts = int32_t(drafted.n_head_drafts);
+        stats.n_head_accepted = int32_t(drafted.n_head_accepted);
+    }
     stats.t_total_ms = ms_since(t_start);
     return std::move(req.result);
 }

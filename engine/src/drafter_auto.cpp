@@ -1,5 +1,6 @@
 // The auto scheduler (method "auto"): per step, the proposal and size that maximise expected
-// tokens per second under the measured cost curves (spec/schedule.h), or plain decoding.
+// tokens per second under the measured cost curves (spec/schedule.h), or plain decoding: the free
+// proposal (prompt lookup and pool phrases), a draft-model chain or a draft-head chain.
 #include <algorithm>
 #include <chrono>
 #include <deque>
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "spec/cost_model.h"
+#include "spec/draft_head.h"
 #include "spec/drafter.h"
 #include "spec/error.h"
 #include "spec/model.h"
@@ -16,8 +18,8 @@
 namespace spec {
 namespace {
 
-// A draft-model chain is drafted only when its predicted rate beats the free proposal's by this
-// factor: the prediction rests on averages, the free proposal's on the nodes at hand.
+// A draft-model or head chain is drafted only when its predicted rate beats the free proposal's
+// by this factor: the prediction rests on averages, the free proposal's on the nodes at hand.
 constexpr double kModelMargin = 1.02;
 
 // The draft model's cache misses the tokens committed since it last drafted (the whole prompt
@@ -39,14 +41,18 @@ constexpr int64_t kProbeMinObserved = 3;
 class AutoDrafter final : public Drafter {
 public:
     AutoDrafter(Model* model, const CostCurve* draft_cost, const CostModel& target_cost, AcceptanceStats& stats,
-                PhrasePool* pool, const LookupParams& lookup, const PoolParams& pool_params, const AutoParams& params)
+                PhrasePool* pool, const LookupParams& lookup, const PoolParams& pool_params, const AutoParams& params,
+                const AutoHead& head)
         : lookup_(make_pool_lookup_drafter(lookup, pool, pool_params)),
           model_(model && draft_cost ? model : nullptr),
           draft_cost_(draft_cost),
           target_cost_(target_cost),
           acceptance_(stats),
-          params_(params) {
+          params_(params),
+          head_(head) {
         if (draft_cost_) draft_costs_.set_prior(*draft_cost_);
+        // A greedy head chain: beam search with one beam.
+        if (head_.head) head_chain_ = make_head_beam_drafter(*head_.head, {1, std::min(params.max_gamma, kMaxTreeNodes)});
     }
 
     std::string name() const override { return "auto"; }
@@ -75,17 +81,31 @@ public:
                                 free_.tokens, free_.parents, free_.kinds});
         }
         // The step costs as the engine has seen them lately (its calibration, corrected online).
-        const int32_t gamma_max = model_ ? std::min(params_.max_gamma, request.n_draft_max) : 0;
+        // The head drafts from the target's hidden state, which the first step lacks.
+        const bool head_ready = head_chain_ && request.target_hidden;
+        const int32_t gamma_max = model_ || head_ready ? std::min(params_.max_gamma, request.n_draft_max) : 0;
         step_ms_ = target_cost_.table(std::max(int32_t(free_.tokens.size()), gamma_max) + 1, params_.adapt_costs);
         const DraftPlan free_plan = plan_draft(free_parents, free_.kinds, acceptance_, step_ms_, 0.0);
 
+        // The best of the free proposal, a draft-model chain and a head chain.
+        double best_rate = kModelMargin * free_plan.tokens_per_ms();
+        ChainPlan model_plan, head_plan;
         if (model_) {
-            const ChainPlan chain_plan = plan_chain(acceptance_.model_acceptance(), step_ms_, draft_decode_ms(),
-                                                    gamma_max, catch_up_ms(request) / kCatchUpSteps);
-            if (chain_plan.gamma > 0 && chain_plan.tokens_per_ms() > kModelMargin * free_plan.tokens_per_ms()) {
-                draft_with_model(request, chain_plan.gamma, out);
+            model_plan = plan_chain(acceptance_.model_acceptance(), step_ms_, draft_decode_ms(), gamma_max,
+                                    catch_up_ms(request) / kCatchUpSteps);
+            if (model_plan.gamma > 0 && model_plan.tokens_per_ms() > best_rate) best_rate = model_plan.tokens_per_ms();
+        }
+        if (head_ready) {
+            const int32_t head_max = std::min({gamma_max, request.n_nodes_max, kMaxTreeNodes});
+            head_plan = plan_chain(head_acceptance(head_max), step_ms_, head_step_ms(request), head_max);
+            if (head_plan.gamma > 0 && head_plan.tokens_per_ms() > best_rate) {
+                draft_with_head(request, head_plan.gamma, out);
                 return;
             }
+        }
+        if (model_plan.gamma > 0 && model_plan.tokens_per_ms() >= best_rate) {
+            draft_with_model(request, model_plan.gamma, out);
+            return;
         }
         std::vector<int32_t> keep = free_plan.keep;
         if (keep.empty() && params_.adapt_costs && !free_.tokens.empty() &&
@@ -103,15 +123,17 @@ public:
 
     void accept(const std::vector<int32_t>& committed, int32_t n_accepted) override {
         stats_.n_accepted += n_accepted;
-        if (used_ && used_ == chain_.get()) {
-            // The chain keeps its cache up to the accepted path; the target's next token is not in
-            // it (nor, after a wholly accepted chain, its last token: one more token to read).
-            model_synced_ = int32_t(committed.size()) - 1;
+        const bool by_model = used_ && used_ == chain_.get(), by_head = used_ && used_ == head_chain_.get();
+        if (by_model || by_head) {
             // The accepted path and the target's next token.
             const int32_t* actual = committed.data() + committed.size() - size_t(n_accepted) - 1;
-            acceptance_.record_outcome(model_draft_.tokens, model_draft_.parents, model_draft_.kinds, actual,
-                                       n_accepted + 1);
+            AcceptanceStats& stats = by_model ? acceptance_ : *head_.acceptance;
+            stats.record_outcome(chain_draft_.tokens, chain_draft_.parents, chain_draft_.kinds, actual, n_accepted + 1);
         }
+        // The draft model keeps its cache up to the accepted path; the target's next token is not
+        // in it (nor, after a wholly accepted chain, its last token: one more token to read).
+        if (by_model) model_synced_ = int32_t(committed.size()) - 1;
+        if (by_head) stats_.n_head_accepted += n_accepted;
         score_shadows(committed, false);
         if (used_) used_->accept(committed, n_accepted);
     }
@@ -162,10 +184,57 @@ private:
             const DraftPlan plan = plan_draft(parents_of(out), out.kinds, acceptance_, step_ms_, sunk_ms);
             keep_nodes(plan.keep, model_->n_vocab(), out.tokens, out.parents, out.kinds, out.probs);
         }
-        model_draft_.tokens = out.tokens;
-        model_draft_.parents = out.parents;
-        model_draft_.kinds = out.kinds;
+        keep_chain_draft(out);
+    }
+
+    void draft_with_head(const DraftRequest& request, int32_t gamma, Draft& out) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const int64_t steps_before = head_chain_->stats().n_model_decodes;
+        DraftRequest head_request = request;
+        head_request.n_draft_max = gamma;
+        head_chain_->draft(head_request, out);
+        used_ = head_chain_.get();
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        const int64_t n_steps = head_chain_->stats().n_model_decodes - steps_before;
+        if (n_steps > 0) head_.step_cost->observe(1, ms / double(n_steps));
+        ++stats_.n_head_drafts;
+        keep_chain_draft(out);
+    }
+
+    // The chain as it goes to verification, for the acceptance statistics.
+    void keep_chain_draft(const Draft& out) {
+        chain_draft_.tokens = out.tokens;
+        chain_draft_.parents = out.parents;
+        chain_draft_.kinds = out.kinds;
         stats_.n_proposed += int64_t(out.tokens.size());
+    }
+
+    // The head's acceptance at depths 0 .. n - 1, as plan_chain takes it.
+    std::vector<double> head_acceptance(int32_t n) const {
+        std::vector<double> alpha(size_t(std::max(n, 0)));
+        for (int32_t d = 0; d < n; ++d) alpha[size_t(d)] = head_.acceptance->estimate(kind_head(), d);
+        return alpha;
+    }
+
+    // What one head step of one row costs now. A head has no calibration: the first time auto
+    // considers it, two steps are timed on this request's hidden state and the faster one (the
+    // first run of a graph may allocate) is the prior, which the head's drafts then correct.
+    double head_step_ms(const DraftRequest& request) {
+        CostModel& cost = *head_.step_cost;
+        if (cost.empty()) {
+            DraftHead& head = *head_.head;
+            std::vector<float> state(size_t(head.n_embd())), logits(size_t(head.n_kept()));
+            const int32_t row = head.row_of(request.tokens->back());
+            double fastest = 1e300;
+            for (int i = 0; i < 2; ++i) {
+                std::fill(state.begin(), state.end(), 0.0f);
+                const auto t0 = std::chrono::steady_clock::now();
+                head.step(request.target_hidden, state.data(), &row, 1, logits.data());
+                fastest = std::min(fastest, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+            }
+            cost.set_prior(CostCurve{{1}, {std::max(fastest, 1e-6)}});
+        }
+        return params_.adapt_costs ? cost.at(1) : cost.prior().at(1);
     }
 
     // What one draft-model decode costs now, for plan_chain: the draft's calibrated one-token
@@ -206,18 +275,20 @@ private:
 
     std::unique_ptr<Drafter> lookup_;
     std::unique_ptr<Drafter> chain_;  // the draft model's chain drafter, once it has drafted
+    std::unique_ptr<Drafter> head_chain_;  // the head's (one beam), when the engine has a head
     Model* model_;                    // null: the draft model is not considered
     const CostCurve* draft_cost_;
     const CostModel& target_cost_;
     std::vector<double> step_ms_;     // this step's cost table: target_cost_.table(...)
     AcceptanceStats& acceptance_;
     AutoParams params_;
+    AutoHead head_;
     Drafter* used_ = nullptr;         // the drafter whose proposal went out last step (null: none)
     int32_t plain_steps_ = 0;         // plain steps since the last draft (probes, see kProbeAfterPlainSteps)
     int32_t model_synced_ = 0;        // committed tokens the draft model's cache holds (at most)
     CostModel draft_costs_;           // prior: *draft_cost_; observed: ms per draft decode (size 1)
     Draft free_;
-    Draft model_draft_;  // the model's last draft as verified (tokens, parents, kinds)
+    Draft chain_draft_;  // the last draft-model or head chain as verified (tokens, parents, kinds)
     // A free proposal awaiting its score: its root was committed[position - 1]; depth: its
     // longest path.
     struct Shadow {
@@ -243,11 +314,16 @@ void validate(const AutoParams& params) {
 
 std::unique_ptr<Drafter> make_auto_drafter(Model* draft_model, const CostCurve* draft_cost, const CostModel& target_cost,
                                            AcceptanceStats& stats, PhrasePool* pool, const LookupParams& lookup,
-                                           const PoolParams& pool_params, const AutoParams& params) {
+                                           const PoolParams& pool_params, const AutoParams& params,
+                                           const AutoHead& head) {
     validate(params);
     validate(target_cost.prior());
     if (draft_cost) validate(*draft_cost);
-    return std::make_unique<AutoDrafter>(draft_model, draft_cost, target_cost, stats, pool, lookup, pool_params, params);
+    if (head.head && !(head.step_cost && head.acceptance)) {
+        throw InvalidArgumentError("auto with a draft head needs its step cost model and acceptance statistics");
+    }
+    return std::make_unique<AutoDrafter>(draft_model, draft_cost, target_cost, stats, pool, lookup, pool_params, params,
+                                         head);
 }
 
 }  // namespace spec

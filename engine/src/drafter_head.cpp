@@ -8,6 +8,7 @@
 #include "spec/draft_head.h"
 #include "spec/drafter.h"
 #include "spec/error.h"
+#include "spec/schedule.h"
 #include "spec/tree.h"
 
 namespace spec {
@@ -27,6 +28,7 @@ public:
     void draft(const DraftRequest& request, Draft& out) override {
         out.clear();
         ++stats_.n_draft_calls;
+        drafted_ = false;
         // No hidden state before the first target decode of a request: a plain step.
         if (!request.target_hidden) return;
         const size_t K = size_t(std::min(params_.n_beams, request.n_nodes_max));
@@ -86,11 +88,17 @@ public:
         const BeamTree tree = beams_to_tree(tokens, int32_t(K), int32_t(L));
         out.tokens = tree.tokens;
         out.parents = tree.parents;
+        out.kinds.assign(out.tokens.size(), kind_head());
         out.n_candidate_tokens = int32_t(K * L);
         stats_.n_proposed += int64_t(out.tokens.size());
+        ++stats_.n_head_drafts;
+        drafted_ = true;
     }
 
-    void accept(const std::vector<int32_t>&, int32_t n_accepted) override { stats_.n_accepted += n_accepted; }
+    void accept(const std::vector<int32_t>&, int32_t n_accepted) override {
+        stats_.n_accepted += n_accepted;
+        if (drafted_) stats_.n_head_accepted += n_accepted;
+    }
 
     DrafterStats stats() const override { return stats_; }
 
@@ -124,6 +132,7 @@ private:
     DraftHead& head_;
     BeamParams params_;
     DrafterStats stats_;
+    bool drafted_ = false;       // the last draft() proposed tokens (n_head_drafts)
     std::vector<float> hidden_;  // [K, d] the hidden state, once per beam
     std::vector<float> state_;   // [d]
     std::vector<int32_t> rows_;  // [K]

@@ -109,7 +109,7 @@ std::unique_ptr<Drafter> make_lookup(const GenerateParams& params, const Drafter
 
 std::unique_ptr<Drafter> make_auto(const GenerateParams& params, const DrafterResources& res) {
     return make_auto_drafter(res.draft, res.draft_cost, *res.target_cost, *res.acceptance, res.pool, params.lookup,
-                             params.pool, params.scheduler);
+                             params.pool, params.scheduler, {res.head, res.head_cost, res.head_acceptance});
 }
 
 std::unique_ptr<Drafter> make_chain(const GenerateParams&, const DrafterResources& res) {
@@ -140,20 +140,25 @@ bool auto_wants_draft_model(const GenerateParams& params) {
     return params.scheduler.use_draft_model && !(params.seed && !params.sampling.greedy());
 }
 
+// Whether method "auto" may draft with the engine's draft head: head chains are deterministic
+// (one-hot proposals), so seeded sampled requests may too.
+bool auto_wants_head(const GenerateParams& params) { return params.scheduler.use_head; }
+
 }  // namespace
 
 const std::vector<DrafterMethod>& drafter_methods() {
     using U = DraftModelUse;
+    using H = HeadUse;
     static const std::vector<DrafterMethod> methods = {
-        // name        draft model   wants                   curves head   shape            validate         make
-        {"auto",       U::optional,  auto_wants_draft_model, true,  false, auto_shape,      check_auto,      make_auto},
-        {"none",       U::never,     nullptr,                false, false, no_shape,        check_nothing,   nullptr},
-        {"chain",      U::required,  nullptr,                false, false, chain_shape,     check_chain,     make_chain},
-        {"tree",       U::required,  nullptr,                false, false, tree_shape,      check_tree,      make_tree},
-        {"beam",       U::required,  nullptr,                false, false, beam_shape,      check_beam,      make_beam},
-        {"lookup",     U::never,     nullptr,                false, false, lookup_shape,    check_lookup,    make_lookup},
-        {"ouroboros",  U::required,  nullptr,                false, false, ouroboros_shape, check_ouroboros, make_ouroboros},
-        {"redrafter",  U::never,     nullptr,                false, true,  beam_shape,      check_beam,      make_redrafter},
+        // name        draft model   wants                   curves head         wants            shape            validate         make
+        {"auto",       U::optional,  auto_wants_draft_model, true,  H::optional, auto_wants_head, auto_shape,      check_auto,      make_auto},
+        {"none",       U::never,     nullptr,                false, H::never,    nullptr,         no_shape,        check_nothing,   nullptr},
+        {"chain",      U::required,  nullptr,                false, H::never,    nullptr,         chain_shape,     check_chain,     make_chain},
+        {"tree",       U::required,  nullptr,                false, H::never,    nullptr,         tree_shape,      check_tree,      make_tree},
+        {"beam",       U::required,  nullptr,                false, H::never,    nullptr,         beam_shape,      check_beam,      make_beam},
+        {"lookup",     U::never,     nullptr,                false, H::never,    nullptr,         lookup_shape,    check_lookup,    make_lookup},
+        {"ouroboros",  U::required,  nullptr,                false, H::never,    nullptr,         ouroboros_shape, check_ouroboros, make_ouroboros},
+        {"redrafter",  U::never,     nullptr,                false, H::required, nullptr,         beam_shape,      check_beam,      make_redrafter},
     };
     return methods;
 }
@@ -174,6 +179,15 @@ bool method_uses_draft_model(const DrafterMethod& method, const GenerateParams& 
         case DraftModelUse::required: return true;
         case DraftModelUse::optional:
             return slot_has_model && (!method.wants_draft_model || method.wants_draft_model(params));
+    }
+    return false;
+}
+
+bool method_uses_head(const DrafterMethod& method, const GenerateParams& params, bool engine_has_head) {
+    switch (method.head) {
+        case HeadUse::never: return false;
+        case HeadUse::required: return true;
+        case HeadUse::optional: return engine_has_head && (!method.wants_head || method.wants_head(params));
     }
     return false;
 }

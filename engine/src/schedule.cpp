@@ -66,6 +66,8 @@ static_assert(kLookupContested < kNumKinds, "node kinds must fit kNumKinds");
 // Prior mean of a contested node (kind_lookup_contested): a guess between continuations, about
 // the middle of the measured 0.05-0.13 and well below any uncontested copy.
 constexpr double kContestedPrior = 0.1;
+constexpr int32_t kHead = kLookupContested + 1;
+static_assert(kHead < kNumKinds, "node kinds must fit kNumKinds");
 
 bool is_lookup_output_kind(int32_t kind) {
     return kind >= kFirstLookupOutput && kind < kFirstLookupOutput + kMatchBuckets;
@@ -74,6 +76,7 @@ bool is_lookup_output_kind(int32_t kind) {
 double prior_mean(int32_t kind) {
     if (kind == kLookupContested) return kContestedPrior;
     if (is_model_kind(uint8_t(kind))) return (kind - kFirstModel + 0.5) / kModelKinds;
+    if (kind == kHead) return kHeadPrior;
     if (kind >= kFirstLookup && kind < kFirstModel) {
         const double m = kBucketStart[(kind - kFirstLookup) % kMatchBuckets];
         return m / (m + 2.0);
@@ -102,9 +105,10 @@ uint8_t kind_lookup_contested() { return uint8_t(kLookupContested); }
 uint8_t kind_lookup_output(int32_t root_match_len) {
     return uint8_t(kFirstLookupOutput + match_bucket(root_match_len));
 }
+uint8_t kind_head() { return uint8_t(kHead); }
 bool is_model_kind(uint8_t kind) { return kind >= kFirstModel && kind < kFirstModel + kModelKinds; }
 bool kind_has_depth(uint8_t kind) {
-    return kind < kFirstLookup || is_model_kind(kind) || is_lookup_output_kind(kind);
+    return kind < kFirstLookup || is_model_kind(kind) || is_lookup_output_kind(kind) || kind == kHead;
 }
 
 AcceptanceStats::AcceptanceStats() { clear(); }
@@ -224,15 +228,22 @@ DraftPlan plan_draft(const std::vector<int32_t>& parents, const std::vector<uint
 
 ChainPlan plan_chain(double alpha, const std::vector<double>& step_ms, double draft_token_ms, int32_t gamma_max,
                      double fixed_ms) {
-    if (int32_t(step_ms.size()) < gamma_max + 2) {
-        throw InvalidArgumentError("plan_chain: a cost table of " + std::to_string(step_ms.size()) +
-                                   " entries for chains of up to " + std::to_string(gamma_max) + " tokens");
+    return plan_chain(std::vector<double>(size_t(std::max(gamma_max, 0)), alpha), step_ms, draft_token_ms, gamma_max,
+                      fixed_ms);
+}
+
+ChainPlan plan_chain(const std::vector<double>& alpha, const std::vector<double>& step_ms, double draft_token_ms,
+                     int32_t gamma_max, double fixed_ms) {
+    if (int32_t(step_ms.size()) < gamma_max + 2 || int32_t(alpha.size()) < gamma_max) {
+        throw InvalidArgumentError("plan_chain: a cost table of " + std::to_string(step_ms.size()) + " entries and " +
+                                   std::to_string(alpha.size()) + " acceptances for chains of up to " +
+                                   std::to_string(gamma_max) + " tokens");
     }
     ChainPlan best;
     best.ms = step_ms[1];
     double tokens = 1.0, reach = 1.0;
     for (int32_t g = 1; g <= gamma_max; ++g) {
-        reach *= alpha;
+        reach *= alpha[size_t(g - 1)];
         tokens += reach;
         const double ms = fixed_ms + g * draft_token_ms + step_ms[size_t(g + 1)];
         if (tokens / ms > best.tokens_per_ms()) best = {g, tokens, ms};

@@ -61,6 +61,10 @@ void test_kinds() {
     CHECK(kind_lookup_output(3) != kind_lookup_output(4) && kind_lookup_output(9) == kind_lookup_output(10));
     CHECK(kind_has_depth(kind_lookup_output(3)) && !is_model_kind(kind_lookup_output(16)));
     CHECK(kind_lookup_output(16) < kNumKinds && kind_lookup_output(1) != kind_lookup_end());
+    // Head nodes: a kind of their own, keyed by depth, with the optimistic prior at every depth.
+    CHECK(kind_head() < kNumKinds && kind_head() != kind_lookup_output(65) && !is_model_kind(kind_head()));
+    CHECK(kind_has_depth(kind_head()) && kind_head() != kind_lookup_contested());
+    CHECK_NEAR(AcceptanceStats().estimate(kind_head(), 5), kHeadPrior, 1e-12);
 }
 
 void test_acceptance_stats() {
@@ -225,6 +229,14 @@ void test_plan_chain() {
     CHECK(plan_chain(0.7, flat, 10.0, 8, 100.0).gamma == 6);
     CHECK(plan_chain(0.7, flat, 10.0, 8, 300.0).gamma == 0);
     CHECK_NEAR(plan_chain(0.7, flat, 10.0, 8, 100.0).ms, 100 + 60 + 100, 1e-12);
+    // Acceptance per depth (a draft head's): a weak first token makes any chain lose, however
+    // good the later ones; a strong first and a weak second stop the chain at one token.
+    CHECK(plan_chain(std::vector<double>{0.05, 0.99, 0.99, 0.99}, flat, 10.0, 4).gamma == 0);
+    const ChainPlan first = plan_chain(std::vector<double>{0.9, 0.05, 0.9, 0.9}, flat, 10.0, 4);
+    CHECK(first.gamma == 1);
+    CHECK_NEAR(first.expected_tokens, 1.9, 1e-12);
+    // One acceptance for every depth is the scalar plan.
+    CHECK(plan_chain(std::vector<double>(8, 0.7), flat, 10.0, 8, 100.0).gamma == 6);
 }
 
 void test_keep_nodes() {

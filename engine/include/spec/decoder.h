@@ -64,6 +64,8 @@ struct Stats {
     int32_t n_accepted = 0;        // draft tokens accepted
     int32_t n_draft_decodes = 0;   // draft model decodes (0 for model-free drafting)
     int32_t n_empty_drafts = 0;    // steps that verified no draft token (plain decoding steps)
+    int32_t n_head_drafts = 0;     // steps that verified a draft of the draft head (redrafter, auto)
+    int32_t n_head_accepted = 0;   // draft tokens of the head accepted
     std::vector<int32_t> accept_histogram;  // [max depth + 1] steps that accepted i draft tokens
     double t_prefill_ms = 0, t_draft_ms = 0, t_verify_ms = 0, t_other_ms = 0;
     double t_total_ms = 0;         // prefill + generation
@@ -277,6 +279,11 @@ private:
     CostModel target_costs_;
     std::unique_ptr<DraftHead> head_;  // guarded like the slots: replaced between generations
     int64_t head_version_ = 0;
+    // What method auto learnt of the head (spec/drafter.h, AutoHead): its step cost and
+    // acceptance, across requests; forgotten when the head is replaced or removed.
+    CostModel head_costs_;
+    AcceptanceStats head_acceptance_;
+    void forget_head_record();
     // The auto scheduler's running acceptance statistics per draft slot, across requests.
     std::map<std::string, AcceptanceStats> acceptance_;
     Rng rng_;

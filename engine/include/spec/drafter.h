@@ -62,6 +62,8 @@ struct DrafterStats {
     int64_t n_model_decodes = 0;  // llama_decode calls spent drafting (0 for model-free drafters)
     int64_t n_proposed = 0;
     int64_t n_accepted = 0;
+    int64_t n_head_drafts = 0;    // drafts of the draft head (redrafter, auto)
+    int64_t n_head_accepted = 0;  // their tokens accepted
 };
 
 class Drafter {
@@ -209,6 +211,9 @@ struct AutoParams {
     // Consider the draft model at all (needs its cost curve). Seeded sampled requests never use
     // it: with one-hot proposals only, the seed alone fixes their tokens (see the decoder).
     bool use_draft_model = true;
+    // Consider the engine's draft head (spec/draft_head.h) when it has one. Its drafts are
+    // deterministic, so seeded sampled requests use it too.
+    bool use_head = true;
     // Plan with the engine's cost model as corrected from the steps it has timed
     // (spec/cost_model.h); false: with the calibrated curve alone.
     bool adapt_costs = true;
@@ -216,6 +221,16 @@ struct AutoParams {
 
 // Throws InvalidArgumentError naming the bad field.
 void validate(const AutoParams& params);
+
+// The engine's draft head as method auto plans with it. The engine keeps the cost model and the
+// statistics across requests and starts them afresh when the head is replaced.
+struct AutoHead {
+    DraftHead* head = nullptr;               // null: auto does not consider a head
+    // ms per head step of one row: no calibration; the prior is the first step auto times,
+    // corrected (spec/cost_model.h) by the time of every head chain it drafts.
+    CostModel* step_cost = nullptr;
+    AcceptanceStats* acceptance = nullptr;   // kind_head nodes by depth (spec/schedule.h)
+};
 
 // The auto scheduler as a drafter. Every step it builds the free proposal (prompt lookup + pool
 // phrases, up to max_depth / max_nodes) and keeps the node set that maximises expected tokens
@@ -225,12 +240,16 @@ void validate(const AutoParams& params);
 // with the model when that beats the free proposal; greedy chains are then trimmed with the
 // draft's own per-token confidence (sampled chains are not: their length must not depend on the
 // tokens drawn, or verification would stop being exact). The model's KV cache is filled lazily,
-// the first time it drafts. stats is updated after every step and outlives the request.
+// the first time it drafts. With a draft head (head.head set, and a hidden state: not at a
+// request's first step) it predicts a greedy head chain of each length up to max_gamma the same
+// way, from the head's acceptance at each depth and its measured step cost, and drafts the head
+// chain when that is the best of the three. stats is updated after every step and outlives the request.
 // draft_model / draft_cost may be null: no model (the engine passes null when
 // params.use_draft_model is off or the request is seeded and sampled); target_cost must not be
 // empty.
 std::unique_ptr<Drafter> make_auto_drafter(Model* draft_model, const CostCurve* draft_cost, const CostModel& target_cost,
                                            AcceptanceStats& stats, PhrasePool* pool, const LookupParams& lookup,
-                                           const PoolParams& pool_params, const AutoParams& params);
+                                           const PoolParams& pool_params, const AutoParams& params,
+                                           const AutoHead& head = {});
 
 }  // namespace spec

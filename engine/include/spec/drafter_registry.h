@@ -43,6 +43,13 @@ enum class DraftModelUse : uint8_t {
     optional,  // drafts with it when the slot has one and wants_draft_model(params) says so
 };
 
+// How a method uses the engine's draft head (spec/draft_head.h).
+enum class HeadUse : uint8_t {
+    never,
+    required,  // the request fails with InvalidArgumentError when the engine has no head
+    optional,  // drafts with it when the engine has one and wants_head(params) says so
+};
+
 // The engine resources a drafter is built from; the method's row says which it needs, and the
 // engine leaves the others null. They outlive the request.
 struct DrafterResources {
@@ -52,7 +59,9 @@ struct DrafterResources {
     const CostModel* target_cost = nullptr;  // needs_cost_curves: measured before the factory runs
     const CostCurve* draft_cost = nullptr;   // needs_cost_curves and a draft: the slot's curve
     AcceptanceStats* acceptance = nullptr;   // needs_cost_curves: the slot's running statistics
-    DraftHead* head = nullptr;               // needs_head: the engine's draft head (loaded)
+    DraftHead* head = nullptr;               // the head when the method uses it (method_uses_head)
+    CostModel* head_cost = nullptr;          // with head, for needs_cost_curves: its step cost
+    AcceptanceStats* head_acceptance = nullptr;  // and its running statistics (spec/drafter.h, AutoHead)
 };
 
 struct DrafterMethod {
@@ -63,9 +72,11 @@ struct DrafterMethod {
     // The engine measures (or takes the cached) cost curves of the target and, when the draft
     // model is used, of the draft, and passes them with the slot's acceptance statistics.
     bool needs_cost_curves;
-    // Drafts with the engine's draft head; the decoder then keeps the target's hidden states
-    // during generation and passes them in DraftRequest::target_hidden.
-    bool needs_head;
+    // Whether it drafts with the engine's draft head; when it does, the decoder keeps the
+    // target's hidden states during generation and passes them in DraftRequest::target_hidden.
+    HeadUse head;
+    // optional head use: whether this request drafts with the head (null: always)
+    bool (*wants_head)(const GenerateParams& params);
     DraftShape (*shape)(const GenerateParams& params);
     // Throws InvalidArgumentError naming the bad field; the engine checks everything else.
     void (*validate)(const GenerateParams& params, const MethodLimits& limits);
@@ -83,5 +94,9 @@ const DrafterMethod& find_drafter_method(const std::string& name);
 // has one: required methods always (the factory fails without one), optional ones when the slot
 // is filled and wants_draft_model agrees.
 bool method_uses_draft_model(const DrafterMethod& method, const GenerateParams& params, bool slot_has_model);
+
+// Whether a request with this method drafts with the engine's draft head, given whether the
+// engine has one, as method_uses_draft_model.
+bool method_uses_head(const DrafterMethod& method, const GenerateParams& params, bool engine_has_head);
 
 }  // namespace spec

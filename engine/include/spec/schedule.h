@@ -75,6 +75,11 @@ uint8_t kind_lookup_output(int32_t root_match_len);
 // and longedit outputs (benchmarks/match_ambiguity.py), such nodes are accepted with P 0.05-0.13
 // where uncontested nodes of the same match lengths are accepted with P 0.77-0.99. 60.
 uint8_t kind_lookup_contested();
+// A draft head's node (spec/draft_head.h), keyed by depth: what method auto expects of a head
+// chain. Its prior (kHeadPrior) is optimistic, as the draft model's, so that a head is tried
+// where the costs let it pay at all, and dropped once its real acceptance shows it does not. 61.
+uint8_t kind_head();
+constexpr double kHeadPrior = 0.8;
 bool is_model_kind(uint8_t kind);
 // Whether a node's acceptance is also keyed by its depth (draft-model and unknown nodes);
 // context-match kinds carry their depth in the match length already.
@@ -167,6 +172,10 @@ struct ChainPlan {
 // chain spreads it over more expected tokens, so it takes part in choosing gamma.
 ChainPlan plan_chain(double alpha, const std::vector<double>& step_ms, double draft_token_ms, int32_t gamma_max,
                      double fixed_ms = 0.0);
+// The same with an acceptance per depth: alpha[g - 1] is the probability that the chain's g-th
+// token is accepted when the ones before it were (alpha: [>= gamma_max]).
+ChainPlan plan_chain(const std::vector<double>& alpha, const std::vector<double>& step_ms, double draft_token_ms,
+                     int32_t gamma_max, double fixed_ms = 0.0);
 
 // Keeps only the nodes `keep` (increasing, prefix-closed) of a tree given by tokens / parents /
 // kinds / probs rows (each may be empty where the draft has none; parents empty: a chain, which
