@@ -38,6 +38,10 @@ constexpr int32_t kProbeAfterPlainSteps = 8;
 constexpr double kProbeMinProb = 0.5;
 constexpr int64_t kProbeMinObserved = 3;
 
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
 class AutoDrafter final : public Drafter {
 public:
     AutoDrafter(Model* model, const CostCurve* draft_cost, const CostModel& target_cost, AcceptanceStats& stats,
@@ -52,7 +56,9 @@ public:
           head_(head) {
         if (draft_cost_) draft_costs_.set_prior(*draft_cost_);
         // A greedy head chain: beam search with one beam.
-        if (head_.head) head_chain_ = make_head_beam_drafter(*head_.head, {1, std::min(params.max_gamma, kMaxTreeNodes)});
+        if (head_.head) {
+            head_chain_ = make_head_beam_drafter(*head_.head, {1, std::min(params.max_gamma, kMaxTreeNodes)});
+        }
     }
 
     std::string name() const override { return "auto"; }
@@ -160,7 +166,7 @@ private:
     }
 
     void draft_with_model(const DraftRequest& request, int32_t gamma, Draft& out) {
-        const auto t0 = std::chrono::steady_clock::now();
+        const auto t0 = Clock::now();
         // The chain drafter catches up on the tokens committed since it last drafted itself.
         if (!chain_) {
             chain_ = make_model_chain_drafter(*model_);
@@ -173,7 +179,7 @@ private:
         model_request.n_draft_max = gamma;
         chain_->draft(model_request, out);
         used_ = chain_.get();
-        const double sunk_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        const double sunk_ms = ms_since(t0);
         const int64_t n_decodes = chain_->stats().n_model_decodes - decodes_before;
         if (in_sync && n_decodes > 0) draft_costs_.observe(1, sunk_ms / double(n_decodes));
         if (request.sampling->greedy()) {
@@ -188,13 +194,13 @@ private:
     }
 
     void draft_with_head(const DraftRequest& request, int32_t gamma, Draft& out) {
-        const auto t0 = std::chrono::steady_clock::now();
+        const auto t0 = Clock::now();
         const int64_t steps_before = head_chain_->stats().n_model_decodes;
         DraftRequest head_request = request;
         head_request.n_draft_max = gamma;
         head_chain_->draft(head_request, out);
         used_ = head_chain_.get();
-        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        const double ms = ms_since(t0);
         const int64_t n_steps = head_chain_->stats().n_model_decodes - steps_before;
         if (n_steps > 0) head_.step_cost->observe(1, ms / double(n_steps));
         ++stats_.n_head_drafts;
@@ -228,9 +234,9 @@ private:
             double fastest = 1e300;
             for (int i = 0; i < 2; ++i) {
                 std::fill(state.begin(), state.end(), 0.0f);
-                const auto t0 = std::chrono::steady_clock::now();
+                const auto t0 = Clock::now();
                 head.step(request.target_hidden, state.data(), &row, 1, logits.data());
-                fastest = std::min(fastest, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+                fastest = std::min(fastest, ms_since(t0));
             }
             cost.set_prior(CostCurve{{1}, {std::max(fastest, 1e-6)}});
         }
