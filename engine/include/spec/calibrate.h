@@ -17,8 +17,8 @@ using CalibrationProgress = std::function<void(int32_t, int32_t)>;
 
 // Times one decode of k tokens for every k in `sizes` (increasing, from 1), on top of `context`
 // tokens already in the cache (at most what the context window leaves; the default, 128, is a
-// short conversation: attention over a long context makes every size slower, the one-token decode
-// most), as verification and drafting see it. all_rows: every
+// short conversation: attention over a long context makes every size slower, 15-34% at 2,048
+// tokens on the development CPU), as verification and drafting see it. all_rows: every
 // token produces a logits row (the target verifying a draft) or only the last (a draft model
 // drafting). One warm-up decode, then `repeats` rounds over all sizes (sizes interleaved, so a
 // slow spell of a shared machine hits all of them alike); the median per size, made monotone.
