@@ -77,7 +77,9 @@ def copy_bound_sizes(prompt: list[int], output: list[int], curve: Any, max_depth
     """Step sizes of a drafter that knows the output but drafts only copies: after the target's
     token, exactly the longest run of what follows that occurs somewhere in the context (prompt
     and output so far, up to max_depth tokens), when verifying it costs less than decoding it
-    plainly. A bound for copy drafting (lookup, pool), not for a draft model."""
+    plainly. A reference for copy drafting (lookup, pool), not for a draft model, and not a strict
+    upper bound: it drafts the whole copyable run whenever that beats plain decoding, not the
+    cost-optimal split of it into steps."""
     context, sizes, i = list(prompt), [], 0
     while i < len(output):
         context.append(output[i])

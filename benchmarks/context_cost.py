@@ -30,7 +30,7 @@ def main() -> int:
     ap.add_argument("--n-ctx", type=int, default=4096)
     ap.add_argument("--json", type=Path, help="write {context: {n_tokens, ms}} here")
     args = ap.parse_args()
-    contexts = [int(c) for c in args.contexts.split(",")]
+    contexts = list(dict.fromkeys(int(c) for c in args.contexts.split(",")))  # each once, in order
     engine = Engine(args.target, n_ctx=args.n_ctx, n_threads=args.threads)
     curves = {}
     try:
