@@ -287,6 +287,42 @@ def _replay(prompt: list[int], output: list[int], curve: pyspec.CostCurve, stop_
     return sizes, accepted
 
 
+# The quiet calibration of the Qwen 1.5B target on the 2-core development CPU (README, "Costs at a
+# long context"): a decode of 64 tokens costs 22 one-token decodes, so only copies accepted with
+# P above ~0.97 per token pay for drafting long.
+CPU_CURVE = pyspec.CostCurve((1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64),
+                             (35.2, 64.9, 84.0, 105.9, 160.5, 243.6, 316.2, 347.3, 457.8, 562.1, 679.9, 776.7))
+
+
+def test_replay_a_first_long_copy_goes_by_in_long_steps() -> None:
+    # A fresh engine (no statistics yet) whose output copies 90 tokens of its prompt: once the
+    # copy has run 17 tokens its nodes have the measured long-copy prior (0.99 from 25 tokens),
+    # and on the CPU curve the rest goes by in a few long steps. With the prior m / (m + 2) of
+    # shorter matches (0.89-0.97) it went by in 3-token steps: 22 steps for the 90 tokens.
+    quote = list(range(1000, 1100))
+    prompt = [5, *quote, 6, 7]
+    sizes, accepted = _replay(prompt, quote[:90] + list(range(300, 310)), CPU_CURVE, pool=False)
+    starts = np.cumsum([0] + [n + 1 for n in accepted])[:-1]  # output position of each step
+    assert sum(start < 90 for start in starts) <= 12, list(zip(sizes, accepted))
+    assert max(accepted) >= 40
+
+
+def test_replay_a_copys_turn_counts_once() -> None:
+    # Two quoted texts; the output copies 90 tokens of the first, writes 4 new tokens, then copies
+    # 90 tokens of the second. The first copy's turn is one rejection of a long-copy node. When
+    # every overlapping proposal that predicted the turn scored it (up to 64 at once) the
+    # long-copy estimate collapsed and the second copy, once drafted long, fell back to 3-token
+    # steps; scored once, the second copy's long draft is followed by another long one.
+    a, b = list(range(1000, 1100)), list(range(2000, 2100))
+    prompt = [5, *a, 6, 7, *b, 8]
+    output = a[:90] + [300, 301, 302, 303] + b[:90]
+    sizes, accepted = _replay(prompt, output, CPU_CURVE, pool=False)
+    starts = np.cumsum([0] + [n + 1 for n in accepted])[:-1]  # output position of each step
+    second = [n for start, n in zip(starts, accepted) if start >= 94]  # steps inside the second copy
+    first_long = next(i for i, n in enumerate(second) if n >= 40)
+    assert len(second) - first_long - 1 <= 2, list(zip(sizes, accepted))
+
+
 def test_replay_drafts_a_quoted_text_when_verification_is_cheap() -> None:
     # The prompt quotes 60 tokens between delimiters (900, 901); the output repeats the quote.
     quote = list(range(100, 160))

@@ -2,8 +2,8 @@
 // tokens per second under the measured cost curves (spec/schedule.h), or plain decoding: the free
 // proposal (prompt lookup and pool phrases), a draft-model chain or a draft-head chain.
 #include <algorithm>
+#include <array>
 #include <chrono>
-#include <deque>
 #include <string>
 #include <vector>
 
@@ -38,6 +38,8 @@ constexpr int32_t kProbeAfterPlainSteps = 8;
 constexpr double kProbeMinProb = 0.5;
 constexpr int64_t kProbeMinObserved = 3;
 
+static_assert(kNumKinds <= 64, "scored_ keeps one bit per node kind");
+
 using Clock = std::chrono::steady_clock;
 
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
@@ -68,6 +70,7 @@ public:
         chain_.reset();  // the draft model's cache is filled the first time it drafts
         model_synced_ = 0;
         shadows_.clear();
+        scored_.clear();
     }
 
     void draft(const DraftRequest& request, Draft& out) override {
@@ -82,9 +85,7 @@ public:
         const std::vector<int32_t> free_parents = parents_of(free_);
         if (!free_.tokens.empty()) {
             // The whole free proposal is scored against what gets committed, verified or not.
-            const std::vector<int32_t> depths = tree_depths(free_parents);
-            shadows_.push_back({int32_t(request.tokens->size()), *std::max_element(depths.begin(), depths.end()) + 1,
-                                free_.tokens, free_.parents, free_.kinds});
+            shadows_.push_back({int32_t(request.tokens->size()), free_.tokens, free_parents, free_.kinds});
         }
         // The step costs as the engine has seen them lately (its calibration, corrected online).
         // The head drafts from the target's hidden state, which the first step lacks.
@@ -140,7 +141,7 @@ public:
         // in it (nor, after a wholly accepted chain, its last token: one more token to read).
         if (by_model) model_synced_ = int32_t(committed.size()) - 1;
         if (by_head) stats_.n_head_accepted += n_accepted;
-        score_shadows(committed, false);
+        score_shadows(committed);
         if (used_) used_->accept(committed, n_accepted);
     }
 
@@ -150,7 +151,7 @@ public:
     }
 
     void end(const std::vector<int32_t>& committed) override {
-        score_shadows(committed, true);
+        score_shadows(committed);
         lookup_->end(committed);
     }
 
@@ -266,17 +267,52 @@ private:
         return std::max(0.0, per_size - draft_decode_ms());
     }
 
-    // Scores the free proposals whose every node can now be compared with committed tokens
-    // (all of them at the end of the request, with what there is).
-    void score_shadows(const std::vector<int32_t>& committed, bool final) {
-        while (!shadows_.empty()) {
-            const Shadow& s = shadows_.front();
-            const int32_t n_actual = int32_t(committed.size()) - s.position;
-            if (n_actual < s.depth && !final) break;
-            acceptance_.record_outcome(s.tokens, s.parents, s.kinds, committed.data() + s.position,
-                                       std::min(n_actual, s.depth));
-            shadows_.pop_front();
+    // Scores the free proposals against the committed tokens, node by node as each token is
+    // committed (a node is tried when its parent was accepted, and accepted when its token is the
+    // committed one), and drops a proposal once it has missed or run out of nodes. Proposals of
+    // consecutive steps that copy the same text predict the same tokens with the same kind, so
+    // one committed token would be scored once per overlapping proposal (up to max_depth times):
+    // a copy's one turn would count as dozens of misses at once. Each committed position is
+    // therefore scored at most once per kind and outcome.
+    void score_shadows(const std::vector<int32_t>& committed) {
+        const int32_t n_committed = int32_t(committed.size());
+        if (int32_t(scored_.size()) < n_committed) scored_.resize(size_t(n_committed), {0, 0});
+        size_t n_alive = 0;
+        for (size_t j = 0; j < shadows_.size(); ++j) {
+            Shadow& s = shadows_[j];
+            bool alive = true;
+            while (alive && s.position + s.depth < n_committed) {
+                const int32_t pos = s.position + s.depth;
+                const int32_t actual = committed[size_t(pos)];
+                int32_t next = -1;
+                bool any = false;
+                for (int32_t i = s.node + 1; i < int32_t(s.tokens.size()); ++i) {  // children come after their parent
+                    if (s.parents[size_t(i)] != s.node) continue;
+                    any = true;
+                    const bool accepted = s.tokens[size_t(i)] == actual;
+                    const uint8_t kind = s.kinds.empty() ? kKindUnknown : s.kinds[size_t(i)];
+                    // Kinds keyed by depth as well are scored every time: the same position at
+                    // another depth is another cell.
+                    uint64_t& seen = scored_[size_t(pos)][accepted ? 0 : 1];
+                    const uint64_t bit = uint64_t(1) << kind;
+                    if (kind_has_depth(kind) || !(seen & bit)) {
+                        seen |= bit;
+                        acceptance_.record(kind, s.depth, accepted);
+                    }
+                    if (accepted && next < 0) next = i;
+                }
+                if (!any || next < 0) {
+                    alive = false;
+                    break;
+                }
+                s.node = next;
+                ++s.depth;
+            }
+            if (!alive) continue;
+            if (n_alive != j) shadows_[n_alive] = std::move(s);
+            ++n_alive;
         }
+        shadows_.resize(n_alive);
     }
 
     std::unique_ptr<Drafter> lookup_;
@@ -295,15 +331,19 @@ private:
     CostModel draft_costs_;           // prior: *draft_cost_; observed: ms per draft decode (size 1)
     Draft free_;
     Draft chain_draft_;  // the last draft-model or head chain as verified (tokens, parents, kinds)
-    // A free proposal awaiting its score: its root was committed[position - 1]; depth: its
-    // longest path.
+    // A free proposal being scored: its depth-0 nodes predict committed[position]; `node` is the
+    // deepest node that matched the committed tokens so far (-1: the root), `depth` how many
+    // committed tokens it has been compared with.
     struct Shadow {
         int32_t position;
-        int32_t depth;
         std::vector<int32_t> tokens, parents;
         std::vector<uint8_t> kinds;
+        int32_t node = -1;
+        int32_t depth = 0;
     };
-    std::deque<Shadow> shadows_;
+    std::vector<Shadow> shadows_;
+    // [position] kinds already scored there: [0] accepted, [1] rejected (one bit per kind).
+    std::vector<std::array<uint64_t, 2>> scored_;
     DrafterStats stats_;
 };
 

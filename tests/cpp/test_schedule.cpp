@@ -70,7 +70,13 @@ void test_kinds() {
 void test_acceptance_stats() {
     AcceptanceStats s;
     CHECK_NEAR(s.estimate(kind_lookup(3), 0), 3.0 / 5.0, 1e-12);    // prior m / (m + 2)
-    CHECK_NEAR(s.estimate(kind_lookup(40), 0), 33.0 / 35.0, 1e-12); // bucket 33-48
+    CHECK_NEAR(s.estimate(kind_lookup(16), 0), 13.0 / 15.0, 1e-12); // bucket 13-16
+    // Long prompt copies (17 tokens and more): m^2 / (m^2 + 4), at most 0.99, as measured.
+    CHECK_NEAR(s.estimate(kind_lookup(20), 0), 289.0 / 293.0, 1e-12);  // bucket 17-24
+    CHECK_NEAR(s.estimate(kind_lookup(40), 0), 0.99, 1e-12);            // bucket 33-48
+    CHECK_NEAR(s.estimate(kind_lookup(80), 0), 0.99, 1e-12);            // 65 and more
+    CHECK_NEAR(s.estimate(kind_pool(40), 0), 33.0 / 35.0, 1e-12);       // pool phrases: m / (m + 2)
+    CHECK_NEAR(s.estimate(kind_lookup_output(16), 0), 13.0 / 15.0, 1e-12);
     CHECK_NEAR(s.estimate(kind_model(0.93f), 0), 0.95, 1e-12);      // decile middle
     CHECK_NEAR(s.estimate(kKindUnknown, 0), 0.5, 1e-12);
     CHECK_NEAR(s.model_acceptance(), AcceptanceStats::kModelPrior, 1e-12);

@@ -88,9 +88,13 @@ constexpr int32_t kNumKinds = 64;         // room for more drafters' kinds
 constexpr int32_t kKindDepths = 8;        // depths 0..6 apart, 7 and deeper together
 
 // Running acceptance statistics per (kind, depth): a Beta-like estimate with a prior mean per
-// kind (context matches m / (m + 2) for the bucket's shortest match length m, draft model the
-// middle of its decile) worth kPriorWeight observations; counts are halved once a cell has seen kHalfLife tries, so the estimates follow
-// a changing stream (a prompt that starts copying, a reloaded draft).
+// kind (context matches m / (m + 2) for the bucket's shortest match length m, prompt-lookup
+// copies of 17 or more tokens m^2 / (m^2 + 4) up to 0.99, as measured (benchmarks/copy_priors.py);
+// draft model the middle of its decile) worth kPriorWeight observations; counts are halved once
+// a cell has seen kHalfLife tries, so the estimates follow a changing stream (a prompt that
+// starts copying, a reloaded draft). Each event should be recorded once: the auto drafter
+// scores a committed position once per kind, however many of its overlapping proposals
+// predicted it.
 class AcceptanceStats {
 public:
     static constexpr double kPriorWeight = 2.0;

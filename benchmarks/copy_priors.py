@@ -1,0 +1,90 @@
+"""How often prompt lookup's next node is accepted, by its match length: the facts behind the
+priors of `auto`'s context-match node kinds (spec/schedule.h, AcceptanceStats).
+
+At every position of `none`'s outputs in `pyspec bench --json` files, take the node prompt lookup
+would propose there (the continuation of the most recent earlier occurrence of the longest
+suffix of up to 16 tokens, as engine/src/drafter_lookup.cpp), its effective match length (that
+suffix extended backwards, up to 65 tokens, bucketed as the node kinds are), whether it copies
+the prompt or the output, and whether it is contested (another occurrence of the suffix goes
+on differently); it is accepted when the output's token is the proposed one. Each position counts
+once: this is P(node accepted | its parent accepted) per bucket, what a node kind's statistics
+estimate. Prints, per source, the uncontested nodes' acceptance by bucket, pooled and per suite,
+beside the prior m / (m + 2). Positions proposing a control token (where copies stop) are left
+out.
+
+    python benchmarks/copy_priors.py benchmarks/results/vs_llama_cpp_humaneval.json \\
+        benchmarks/results/vs_llama_cpp_edit.json benchmarks/results/vs_llama_cpp_longedit_contested_only.json \\
+        benchmarks/results/vs_llama_cpp_mtbench.json benchmarks/results/vs_llama_cpp_gsm8k.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+from pathlib import Path
+
+from auto_replay import TARGET, prompt_tokens, recorded_runs
+from pyspec import Engine
+
+BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 13, 17, 25, 33, 49, 65)  # shortest length of each (spec/schedule.h)
+NGRAM_MAX, MAX_MATCH = 16, 65
+
+
+def bucket(match_len: int) -> int:
+    return max(b for b in range(len(BUCKETS)) if BUCKETS[b] <= match_len)
+
+
+def proposals(prompt: list[int], output: list[int], stops: set[int]) -> list[tuple[str, bool, int, bool]]:
+    """(source, contested, bucket, accepted) of lookup's next node at each output position."""
+    seq = prompt + output
+    rows = []
+    for i in range(len(output)):
+        n = len(prompt) + i  # tokens committed before output[i]
+        for k in range(min(NGRAM_MAX, n - 1), 0, -1):
+            key = seq[n - k:n]
+            starts = [s for s in range(k, n) if seq[s - k:s] == key]  # continuation positions
+            if starts:
+                break
+        else:
+            continue
+        s = max(starts)
+        if seq[s] in stops:
+            continue
+        m = 0
+        while m < MAX_MATCH and s - m - 1 >= 0 and seq[s - m - 1] == seq[n - m - 1]:
+            m += 1
+        contested = any(seq[r] != seq[s] for r in starts if r != s)
+        rows.append(("prompt" if s < len(prompt) else "output", contested, bucket(m), output[i] == seq[s]))
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("bench", nargs="+", type=Path, help="pyspec bench --json files with none's outputs")
+    args = ap.parse_args()
+    engine = Engine(TARGET, n_ctx=4096, n_threads=1)
+    stops = set(engine._core.control_tokens())
+    counts: dict[tuple[str, str, int], list[int]] = collections.defaultdict(lambda: [0, 0])
+    for path in args.bench:
+        suite, runs = recorded_runs(path)
+        prompts = prompt_tokens(engine, suite, len(runs))
+        for pid, output in runs:
+            for source, contested, b, accepted in proposals(prompts[pid], output, stops) if output else ():
+                if not contested:
+                    counts[(source, suite, b)][0] += accepted
+                    counts[(source, suite, b)][1] += 1
+    for source in ("prompt", "output"):
+        print(f"\n{source} copies, uncontested: P(accepted) by match length (positions)\n")
+        print("| length | prior m/(m+2) | pooled | per suite |")
+        print("|---|---|---|---|")
+        for b, m in enumerate(BUCKETS):
+            cells = sorted((suite, c) for (src, suite, bb), c in counts.items() if src == source and bb == b)
+            hits, tries = sum(c[0] for _, c in cells), sum(c[1] for _, c in cells)
+            if tries:
+                print(f"| {m}{'+' if b == len(BUCKETS) - 1 else ''} | {m / (m + 2):.3f} | {hits / tries:.3f} ({tries}) | "
+                      + ", ".join(f"{suite} {c[0] / c[1]:.2f} ({c[1]})" for suite, c in cells) + " |")
+    engine.close()
+
+
+if __name__ == "__main__":
+    main()
