@@ -52,6 +52,17 @@ def depth_counts(histogram: list[int], n_empty: int) -> list[int]:
     return [sum(h[k:]) for k in range(DEPTH + 1)]
 
 
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """"1x5,4x5" -> [(1, 5), (4, 5)]: shapes of SHAPES only, since the report reads those."""
+    shapes = []
+    for part in text.split(","):
+        k, _, length = part.strip().partition("x")
+        if not (k.isdigit() and length.isdigit()) or (int(k), int(length)) not in SHAPES:
+            raise SystemExit(f"--shapes takes some of {', '.join(f'{a}x{b}' for a, b in SHAPES)}, got {text!r}")
+        shapes.append((int(k), int(length)))
+    return shapes
+
+
 def record_path(out: Path, prompt_id: str) -> Path:
     return out / f"{prompt_id.replace('/', '_')}.json"
 
@@ -62,7 +73,7 @@ def run_quality(args: argparse.Namespace) -> None:
     # Suites round-robin, so that a run stopped early (--limit) has some prompts of each.
     groups = [load_prompt_slices([spec]) for spec in args.prompts]
     prompts = [g[i] for i in range(max(map(len, groups))) for g in groups if i < len(g)]
-    keys = [(m, k, length) for m in args.methods for k, length in SHAPES]
+    keys = [(m, k, length) for m in args.methods for k, length in parse_shapes(args.shapes)]
 
     def missing(p: Any) -> list[tuple[str, int, int]]:
         path = record_path(out, p.id)
@@ -203,10 +214,15 @@ def report(args: argparse.Namespace) -> None:
     records = [json.loads(f.read_text()) for f in sorted((out / "quality").glob("*.json"))]
     speed = json.loads((out / "speed.json").read_text()) if (out / "speed.json").exists() else None
     drafters = [(m, name) for m, name in DRAFTERS if any(f"{m}:1x5" in r for r in records)]
-    complete = [r for r in records if all(f"{m}:{k}x{l}" in r for m, _ in drafters for k, l in SHAPES)]
+    # Prompts with every drafter's greedy chain (1x5); the beam shapes that all of them have.
+    complete = [r for r in records if all(f"{m}:1x5" in r for m, _ in drafters)]
     if len(complete) < len(records):
         print(f"({len(records) - len(complete)} prompts with runs missing left out)")
     records = complete
+    shapes = [(k, l) for k, l in SHAPES if all(f"{m}:{k}x{l}" in r for r in records for m, _ in drafters)]
+    if len(shapes) < len(SHAPES):
+        print(f"(beam shapes {', '.join(f'{k}x{l}' for k, l in SHAPES if (k, l) not in shapes)} missing on some "
+              "prompts: left out)")
     suites = sorted({r["suite"] for r in records})
     counts = ", ".join(f"{s} {sum(r['suite'] == s for r in records)}" for s in suites)
     print(f"held-out prompts: {len(records)} ({counts})")
@@ -222,14 +238,14 @@ def report(args: argparse.Namespace) -> None:
                 acceptance[method] = acc
             print(f"| {suite} | {name} | " + " | ".join(f"{a:.2f}" for a in acc) + " |")
     print("\ntokens per target call (generated / target calls, pooled); outputs identical to plain decoding\n")
-    print("| suite | " + " | ".join(f"{name} {k}x{l}" for _, name in drafters for k, l in SHAPES) + " |")
-    print("|---|" + "---|" * (len(drafters) * len(SHAPES)))
+    print("| suite | " + " | ".join(f"{name} {k}x{l}" for _, name in drafters for k, l in shapes) + " |")
+    print("|---|" + "---|" * (len(drafters) * len(shapes)))
     summary: dict[str, float] = {}
     for suite in suites + ["all"]:
         rs = [r for r in records if suite in ("all", r["suite"])]
         cells = []
         for method, _ in drafters:
-            for k, length in SHAPES:
+            for k, length in shapes:
                 key = f"{method}:{k}x{length}"
                 gen = sum(r[key]["n_generated"] for r in rs)
                 calls = sum(r[key]["n_target_calls"] for r in rs)
@@ -293,7 +309,7 @@ def report(args: argparse.Namespace) -> None:
     print(f"- auto's chain planner (spec::plan_chain) with one acceptance alpha = {alpha:.3f} (geometric mean of "
           f"the depths): length {plan.gamma}, {plan.expected_tokens:.2f} tokens per step, "
           f"predicted {plan.expected_tokens * target_ms / plan.ms:.2f}x")
-    for k, length in SHAPES:
+    for k, length in shapes:
         cost = head_ms[1] + (length - 1) * head_ms[k]  # the root row, then k beams per step
         tpc = summary[f"redrafter:{k}x{length}"]
         print(f"- head beams {k}x{length}: {tpc:.2f} tokens per call (measured), drafting {cost:.2f} ms "
@@ -322,6 +338,8 @@ def main() -> None:
         if mode == "quality":
             p.add_argument("--limit", type=int, default=None, help="prompts per call (resumable)")
             p.add_argument("--methods", nargs="+", choices=[m for m, _ in DRAFTERS], default=[m for m, _ in DRAFTERS])
+            p.add_argument("--shapes", default=",".join(f"{k}x{l}" for k, l in SHAPES),
+                           help="beam shapes to run, some of 1x5,2x5,4x5 (default all)")
         else:
             p.add_argument("--per-suite", type=int, default=2)
             p.add_argument("--rounds", type=int, default=5)
