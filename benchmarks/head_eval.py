@@ -170,7 +170,8 @@ def run_speed(args: argparse.Namespace) -> None:
         med = {k: statistics.median(v) for k, v in costs.items()}
         result["cost_ms"] = med
         methods = [("none", {}), ("redrafter", dict(beams=args.beams, beam_length=5)),
-                   ("chain", dict(n_draft=args.n_draft)), ("beam", dict(beams=args.beams, beam_length=5))]
+                   ("chain", dict(n_draft=args.n_draft)), ("beam", dict(beams=args.beams, beam_length=5)),
+                   ("auto", {})]  # auto weighs the head (and the draft model) against plain decoding
         engine.generate(prompts[0].messages, max_tokens=8, method="none")  # warm-up
         runs: dict[str, list[dict[str, Any]]] = {m: [] for m, _ in methods}
         for p in prompts:
@@ -181,7 +182,9 @@ def run_speed(args: argparse.Namespace) -> None:
                                      "tokens_per_target_call": s.tokens_per_target_call,
                                      "n_generated": s.n_generated, "n_target_calls": s.n_target_calls,
                                      "t_draft_ms": s.t_draft_ms, "t_verify_ms": s.t_verify_ms,
-                                     "t_decode_ms": s.t_total_ms - s.t_prefill_ms})
+                                     "t_decode_ms": s.t_total_ms - s.t_prefill_ms,
+                                     "n_head_drafts": s.n_head_drafts, "n_head_accepted": s.n_head_accepted,
+                                     "n_draft_decodes": s.n_draft_decodes})
         result["methods"] = {m: dict(options) for m, options in methods}
         result["runs"] = runs
     (out / "speed.json").write_text(json.dumps(result))
@@ -295,6 +298,12 @@ def report(args: argparse.Namespace) -> None:
         label = method + (f" {opts['beams']}x5" if "beams" in opts else f" {opts['n_draft']}" if opts else "")
         tpc = statistics.median(r["tokens_per_target_call"] for r in rs)
         print(f"| {label} | {statistics.median(tps):.1f} | {statistics.median(ratio):.2f}x | {tpc:.2f} | {same}/{len(rs)} |")
+    if "auto" in runs and all("n_head_drafts" in r for r in runs["auto"]):
+        a = runs["auto"]
+        print(f"\nauto: {sum(r['n_head_drafts'] for r in a)} head chains drafted, "
+              f"{sum(r['n_head_accepted'] for r in a)} head tokens accepted, "
+              f"{sum(r['n_draft_decodes'] for r in a)} draft-model decodes, "
+              f"{sum(r['n_target_calls'] for r in a)} target calls over {len(a)} prompts")
     if "redrafter" not in acceptance:
         return
     print("\nflat verification curve (GPU-like: a step of any size costs one target token, T = "
