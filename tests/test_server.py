@@ -207,11 +207,15 @@ def test_non_stream_disconnect_cancels_the_generation(server: ServerProcess) -> 
     body.update(body.pop("extra_body"))
     # The same request left to finish reaches its end (no end-of-text comes first); how long that
     # takes depends on the machine's load (the tiny models make thousands of tokens a second), so
-    # the client below leaves after a tenth of that time rather than after a fixed delay.
-    t0 = time.monotonic()
-    full = httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=120).json()
-    t_full = time.monotonic() - t0
-    assert full["usage"]["completion_tokens"] == N_CTX - 64
+    # the client below leaves after a tenth of that time rather than after a fixed delay. The
+    # faster of two runs: a first run slowed by a burst of load (or a one-time cost) gave a time
+    # the cancelled request finished within (once, with two test suites on 2 cores).
+    t_full = float("inf")
+    for _ in range(2):
+        t0 = time.monotonic()
+        full = httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=120).json()
+        t_full = min(t_full, time.monotonic() - t0)
+        assert full["usage"]["completion_tokens"] == N_CTX - 64
     before_cancelled = server.metric("pyspec_requests_total", '{endpoint="chat",outcome="cancelled"}')
     before_tokens = server.metric("pyspec_generated_tokens_total")
     with pytest.raises(httpx.ReadTimeout):
