@@ -307,22 +307,6 @@ def test_replay_a_first_long_copy_goes_by_in_long_steps() -> None:
     assert max(accepted) >= 40
 
 
-def test_replay_a_copys_turn_counts_once() -> None:
-    # Two quoted texts; the output copies 90 tokens of the first, writes 4 new tokens, then copies
-    # 90 tokens of the second. The first copy's turn is one rejection of a long-copy node. When
-    # every overlapping proposal that predicted the turn scored it (up to 64 at once) the
-    # long-copy estimate collapsed and the second copy, once drafted long, fell back to 3-token
-    # steps; scored once, the second copy's long draft is followed by another long one.
-    a, b = list(range(1000, 1100)), list(range(2000, 2100))
-    prompt = [5, *a, 6, 7, *b, 8]
-    output = a[:90] + [300, 301, 302, 303] + b[:90]
-    sizes, accepted = _replay(prompt, output, CPU_CURVE, pool=False)
-    starts = np.cumsum([0] + [n + 1 for n in accepted])[:-1]  # output position of each step
-    second = [n for start, n in zip(starts, accepted) if start >= 94]  # steps inside the second copy
-    first_long = next(i for i, n in enumerate(second) if n >= 40)
-    assert len(second) - first_long - 1 <= 2, list(zip(sizes, accepted))
-
-
 def test_replay_drafts_a_quoted_text_when_verification_is_cheap() -> None:
     # The prompt quotes 60 tokens between delimiters (900, 901); the output repeats the quote.
     quote = list(range(100, 160))

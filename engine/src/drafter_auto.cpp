@@ -2,7 +2,6 @@
 // tokens per second under the measured cost curves (spec/schedule.h), or plain decoding: the free
 // proposal (prompt lookup and pool phrases), a draft-model chain or a draft-head chain.
 #include <algorithm>
-#include <array>
 #include <chrono>
 #include <string>
 #include <vector>
@@ -38,8 +37,6 @@ constexpr int32_t kProbeAfterPlainSteps = 8;
 constexpr double kProbeMinProb = 0.5;
 constexpr int64_t kProbeMinObserved = 3;
 
-static_assert(kNumKinds <= 64, "scored_ keeps one bit per node kind");
-
 using Clock = std::chrono::steady_clock;
 
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
@@ -69,8 +66,7 @@ public:
         lookup_->begin(prompt);
         chain_.reset();  // the draft model's cache is filled the first time it drafts
         model_synced_ = 0;
-        shadows_.clear();
-        scored_.clear();
+        scorer_.clear();
     }
 
     void draft(const DraftRequest& request, Draft& out) override {
@@ -83,10 +79,8 @@ public:
         free_request.n_nodes_max = std::min(request.n_nodes_max, params_.max_nodes);
         lookup_->draft(free_request, free_);
         const std::vector<int32_t> free_parents = parents_of(free_);
-        if (!free_.tokens.empty()) {
-            // The whole free proposal is scored against what gets committed, verified or not.
-            shadows_.push_back({int32_t(request.tokens->size()), free_.tokens, free_parents, free_.kinds});
-        }
+        // The whole free proposal is scored against what gets committed, verified or not.
+        scorer_.add(int32_t(request.tokens->size()), free_.tokens, free_.parents, free_.kinds);
         // The step costs as the engine has seen them lately (its calibration, corrected online).
         // The head drafts from the target's hidden state, which the first step lacks.
         const bool head_ready = head_chain_ && request.target_hidden;
@@ -141,7 +135,7 @@ public:
         // in it (nor, after a wholly accepted chain, its last token: one more token to read).
         if (by_model) model_synced_ = int32_t(committed.size()) - 1;
         if (by_head) stats_.n_head_accepted += n_accepted;
-        score_shadows(committed);
+        scorer_.score(committed);
         if (used_) used_->accept(committed, n_accepted);
     }
 
@@ -151,7 +145,7 @@ public:
     }
 
     void end(const std::vector<int32_t>& committed) override {
-        score_shadows(committed);
+        scorer_.score(committed);
         lookup_->end(committed);
     }
 
@@ -267,54 +261,6 @@ private:
         return std::max(0.0, per_size - draft_decode_ms());
     }
 
-    // Scores the free proposals against the committed tokens, node by node as each token is
-    // committed (a node is tried when its parent was accepted, and accepted when its token is the
-    // committed one), and drops a proposal once it has missed or run out of nodes. Proposals of
-    // consecutive steps that copy the same text predict the same tokens with the same kind, so
-    // one committed token would be scored once per overlapping proposal (up to max_depth times):
-    // a copy's one turn would count as dozens of misses at once. Each committed position is
-    // therefore scored at most once per kind and outcome.
-    void score_shadows(const std::vector<int32_t>& committed) {
-        const int32_t n_committed = int32_t(committed.size());
-        if (int32_t(scored_.size()) < n_committed) scored_.resize(size_t(n_committed), {0, 0});
-        size_t n_alive = 0;
-        for (size_t j = 0; j < shadows_.size(); ++j) {
-            Shadow& s = shadows_[j];
-            bool alive = true;
-            while (alive && s.position + s.depth < n_committed) {
-                const int32_t pos = s.position + s.depth;
-                const int32_t actual = committed[size_t(pos)];
-                int32_t next = -1;
-                bool any = false;
-                for (int32_t i = s.node + 1; i < int32_t(s.tokens.size()); ++i) {  // children come after their parent
-                    if (s.parents[size_t(i)] != s.node) continue;
-                    any = true;
-                    const bool accepted = s.tokens[size_t(i)] == actual;
-                    const uint8_t kind = s.kinds.empty() ? kKindUnknown : s.kinds[size_t(i)];
-                    // Kinds keyed by depth as well are scored every time: the same position at
-                    // another depth is another cell.
-                    uint64_t& seen = scored_[size_t(pos)][accepted ? 0 : 1];
-                    const uint64_t bit = uint64_t(1) << kind;
-                    if (kind_has_depth(kind) || !(seen & bit)) {
-                        seen |= bit;
-                        acceptance_.record(kind, s.depth, accepted);
-                    }
-                    if (accepted && next < 0) next = i;
-                }
-                if (!any || next < 0) {
-                    alive = false;
-                    break;
-                }
-                s.node = next;
-                ++s.depth;
-            }
-            if (!alive) continue;
-            if (n_alive != j) shadows_[n_alive] = std::move(s);
-            ++n_alive;
-        }
-        shadows_.resize(n_alive);
-    }
-
     std::unique_ptr<Drafter> lookup_;
     std::unique_ptr<Drafter> chain_;  // the draft model's chain drafter, once it has drafted
     std::unique_ptr<Drafter> head_chain_;  // the head's (one beam), when the engine has a head
@@ -331,19 +277,7 @@ private:
     CostModel draft_costs_;           // prior: *draft_cost_; observed: ms per draft decode (size 1)
     Draft free_;
     Draft chain_draft_;  // the last draft-model or head chain as verified (tokens, parents, kinds)
-    // A free proposal being scored: its depth-0 nodes predict committed[position]; `node` is the
-    // deepest node that matched the committed tokens so far (-1: the root), `depth` how many
-    // committed tokens it has been compared with.
-    struct Shadow {
-        int32_t position;
-        std::vector<int32_t> tokens, parents;
-        std::vector<uint8_t> kinds;
-        int32_t node = -1;
-        int32_t depth = 0;
-    };
-    std::vector<Shadow> shadows_;
-    // [position] kinds already scored there: [0] accepted, [1] rejected (one bit per kind).
-    std::vector<std::array<uint64_t, 2>> scored_;
+    ProposalScorer scorer_{acceptance_};  // the free proposals, against what gets committed
     DrafterStats stats_;
 };
 

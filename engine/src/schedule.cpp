@@ -164,22 +164,82 @@ double AcceptanceStats::model_acceptance() const {
     return (model_hits_ + kPriorWeight * kModelPrior) / (model_tries_ + kPriorWeight);
 }
 
+namespace {
+
+// One level of a draft tree scored against the token that actually followed `node` (-1: the
+// root): every child of node is tried, on_try(child, accepted); returns the first child whose
+// token is `actual`, or -1 when none is (or node has no children). parents empty: a chain, whose
+// only child of node is node + 1. Children come after their parent.
+template <typename OnTry>
+int32_t score_children(const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents, int32_t node,
+                       int32_t actual, OnTry&& on_try) {
+    const int32_t n = int32_t(tokens.size());
+    if (parents.empty()) {
+        if (node + 1 >= n) return -1;
+        const bool accepted = tokens[size_t(node + 1)] == actual;
+        on_try(node + 1, accepted);
+        return accepted ? node + 1 : -1;
+    }
+    int32_t next = -1;
+    for (int32_t i = node + 1; i < n; ++i) {
+        if (parents[size_t(i)] != node) continue;
+        const bool accepted = tokens[size_t(i)] == actual;
+        on_try(i, accepted);
+        if (accepted && next < 0) next = i;
+    }
+    return next;
+}
+
+uint8_t kind_of(const std::vector<uint8_t>& kinds, int32_t i) { return kinds.empty() ? kKindUnknown : kinds[size_t(i)]; }
+
+}  // namespace
+
 void AcceptanceStats::record_outcome(const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents,
                                      const std::vector<uint8_t>& kinds, const int32_t* actual, int32_t n_actual) {
-    const int32_t n = int32_t(tokens.size());
     int32_t node = -1;
     for (int32_t depth = 0; depth < n_actual; ++depth) {
-        int32_t next = -1;
-        for (int32_t i = node + 1; i < n; ++i) {  // children come after their parent
-            const int32_t parent = parents.empty() ? i - 1 : parents[size_t(i)];
-            if (parent != node) continue;
-            const bool accepted = tokens[size_t(i)] == actual[depth];
-            record(kinds.empty() ? kKindUnknown : kinds[size_t(i)], depth, accepted);
-            if (accepted && next < 0) next = i;
-        }
-        if (next < 0) return;
-        node = next;
+        node = score_children(tokens, parents, node, actual[depth],
+                              [&](int32_t i, bool accepted) { record(kind_of(kinds, i), depth, accepted); });
+        if (node < 0) return;
     }
+}
+
+void ProposalScorer::clear() {
+    pending_.clear();
+    scored_.clear();
+}
+
+void ProposalScorer::add(int32_t position, const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents,
+                         const std::vector<uint8_t>& kinds) {
+    if (!tokens.empty()) pending_.push_back({position, tokens, parents, kinds});
+}
+
+void ProposalScorer::score(const std::vector<int32_t>& committed) {
+    const int32_t n_committed = int32_t(committed.size());
+    if (int32_t(scored_.size()) < n_committed) scored_.resize(size_t(n_committed), {0, 0});
+    size_t n_alive = 0;
+    for (size_t j = 0; j < pending_.size(); ++j) {
+        Pending& p = pending_[j];
+        bool alive = true;
+        while (alive && p.position + p.depth < n_committed) {
+            const int32_t pos = p.position + p.depth;
+            p.node = score_children(p.tokens, p.parents, p.node, committed[size_t(pos)], [&](int32_t i, bool accepted) {
+                const uint8_t kind = kind_of(p.kinds, i);
+                uint64_t& seen = scored_[size_t(pos)][accepted ? 0 : 1];
+                const uint64_t bit = uint64_t(1) << (kind < kNumKinds ? kind : kKindUnknown);
+                if (kind_has_depth(kind) || !(seen & bit)) {
+                    seen |= bit;
+                    stats_.record(kind, p.depth, accepted);
+                }
+            });
+            alive = p.node >= 0;
+            ++p.depth;
+        }
+        if (!alive) continue;
+        if (n_alive != j) pending_[n_alive] = std::move(p);
+        ++n_alive;
+    }
+    pending_.resize(n_alive);
 }
 
 std::vector<double> path_probabilities(const std::vector<int32_t>& parents, const std::vector<uint8_t>& kinds,

@@ -131,6 +131,55 @@ void test_record_outcome() {
     CHECK_NEAR(u.estimate(kKindUnknown, 2), 0.5, 1e-12);  // never tried: its parent was rejected
 }
 
+void test_proposal_scorer() {
+    // Two proposals of consecutive steps copy the same text: the first at position 10 predicts
+    // 1 2 3 4, the second at 11 predicts 2 3 4, every node a long copy. The text went 1 2 3 9:
+    // the copy turns at position 13.
+    const uint8_t k = kind_lookup(65);
+    const double prior = AcceptanceStats().estimate(k, 0);
+    Ids committed(10, 0);
+    AcceptanceStats s;
+    ProposalScorer scorer(s);
+    scorer.add(10, {1, 2, 3, 4}, {}, Kinds(4, k));
+    committed.push_back(1);  // position 10: the second proposal was made after it
+    scorer.score(committed);
+    scorer.add(11, {2, 3, 4}, {}, Kinds(3, k));
+    // Node by node as tokens are committed: positions 10 and 11 are scored before 12 exists.
+    committed.push_back(2);
+    scorer.score(committed);
+    CHECK_NEAR(s.estimate(k, 0), (2 + 2 * prior) / (2 + 2), 1e-12);
+    CHECK(scorer.n_pending() == 2);
+    committed.push_back(3);
+    committed.push_back(9);
+    scorer.score(committed);
+    // Each position once, although both proposals predicted 11, 12 and the turn at 13: 3 hits and
+    // 1 miss (scoring each proposal on its own would record 5 hits and 2 misses).
+    CHECK_NEAR(s.estimate(k, 0), (3 + 2 * prior) / (4 + 2), 1e-12);
+    CHECK(scorer.n_pending() == 0);  // both missed: dropped
+    committed.push_back(5);
+    scorer.score(committed);
+    CHECK_NEAR(s.estimate(k, 0), (3 + 2 * prior) / (4 + 2), 1e-12);
+
+    // Another kind at the same position is another observation; so is a kind keyed by depth, at
+    // every depth it is tried. A tree: both children of the root are tried.
+    AcceptanceStats t;
+    ProposalScorer trees(t);
+    const uint8_t pool = kind_pool(3), model = kind_model(0.55f);
+    trees.add(0, {7, 8}, {-1, -1}, {k, pool});  // siblings: 7 (lookup) and 8 (pool)
+    trees.add(0, {7}, {}, {k});                 // the same prediction again: not counted
+    trees.add(0, {7, 6}, {}, {model, model});   // draft-model kinds: scored every time
+    trees.add(1, {6}, {}, {model});
+    trees.score({7, 6});
+    CHECK_NEAR(t.estimate(k, 0), (1 + 2 * prior) / 3.0, 1e-12);
+    CHECK_NEAR(t.estimate(pool, 0), (0 + 2 * 3.0 / 5.0) / 3.0, 1e-12);
+    // Depth 0: the third proposal's node at position 0 and the fourth's at position 1; depth 1:
+    // the third's at position 1, the same position as the fourth's but another cell.
+    CHECK_NEAR(t.estimate(model, 0), (2 + 2 * 0.55) / 4.0, 1e-12);
+    CHECK_NEAR(t.estimate(model, 1), (1 + 2 * 0.55) / 3.0, 1e-12);
+    trees.clear();
+    CHECK(trees.n_pending() == 0);
+}
+
 void test_contested_kind() {
     const uint8_t c = kind_lookup_contested();
     CHECK(c < kNumKinds && !is_model_kind(c) && !kind_has_depth(c));
@@ -291,6 +340,7 @@ int main() {
     test_kinds();
     test_acceptance_stats();
     test_record_outcome();
+    test_proposal_scorer();
     test_contested_kind();
     test_plan_draft_hand_computed();
     test_plan_draft_siblings_share_mass();

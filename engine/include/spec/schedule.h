@@ -12,6 +12,8 @@
 // Its cost: the time already spent drafting + the target's time to decode |S| + 1 tokens.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -92,9 +94,7 @@ constexpr int32_t kKindDepths = 8;        // depths 0..6 apart, 7 and deeper tog
 // copies of 17 or more tokens m^2 / (m^2 + 4) up to 0.99, as measured (benchmarks/copy_priors.py);
 // draft model the middle of its decile) worth kPriorWeight observations; counts are halved once
 // a cell has seen kHalfLife tries, so the estimates follow a changing stream (a prompt that
-// starts copying, a reloaded draft). Each event should be recorded once: the auto drafter
-// scores a committed position once per kind, however many of its overlapping proposals
-// predicted it.
+// starts copying, a reloaded draft). Each event should be recorded once (ProposalScorer).
 class AcceptanceStats {
 public:
     static constexpr double kPriorWeight = 2.0;
@@ -128,6 +128,43 @@ private:
     double hits_[kNumKinds][kKindDepths];
     double tries_[kNumKinds][kKindDepths];
     double model_hits_ = 0, model_tries_ = 0;
+};
+
+// Scores draft proposals that were not (or not wholly) verified against the tokens committed
+// after them, for the acceptance statistics: node by node as each token is committed (a node is
+// tried when its parent was accepted, and accepted when its token is the committed one, as
+// AcceptanceStats::record_outcome walks a verified draft), dropping a proposal once it has missed
+// or run out of nodes. Proposals of consecutive steps that copy the same text predict the same
+// tokens with the same kind (a context match's kind is its effective match length), so each
+// committed position is scored at most once per kind and outcome: counted once per overlapping
+// proposal, a copy's one turn weighed as up to max_depth rejections at once against the
+// statistics' half-life. Kinds keyed by depth as well (kind_has_depth) are scored every time: the
+// same position at another depth is another cell.
+class ProposalScorer {
+public:
+    explicit ProposalScorer(AcceptanceStats& stats) : stats_(stats) {}
+    // Forgets pending proposals and scored positions (a new request).
+    void clear();
+    // A proposal whose depth-0 nodes predict committed[position]. parents empty: a chain.
+    void add(int32_t position, const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents,
+             const std::vector<uint8_t>& kinds);
+    // Scores every node the committed tokens now settle.
+    void score(const std::vector<int32_t>& committed);
+    size_t n_pending() const { return pending_.size(); }
+
+private:
+    struct Pending {
+        int32_t position;
+        std::vector<int32_t> tokens, parents;
+        std::vector<uint8_t> kinds;
+        int32_t node = -1;  // the deepest node that matched the committed tokens so far (-1: the root)
+        int32_t depth = 0;  // committed tokens compared with so far
+    };
+    AcceptanceStats& stats_;
+    std::vector<Pending> pending_;
+    // [position] kinds already scored there: [0] accepted, [1] rejected (one bit per kind).
+    std::vector<std::array<uint64_t, 2>> scored_;
+    static_assert(kNumKinds <= 64, "scored_ keeps one bit per node kind");
 };
 
 // The nodes of a draft worth verifying.
