@@ -3,10 +3,10 @@ priors of `auto`'s context-match node kinds (spec/schedule.h, AcceptanceStats).
 
 At every position of `none`'s outputs in `pyspec bench --json` files, take the node prompt lookup
 would propose there (the continuation of the most recent earlier occurrence of the longest
-suffix of up to 16 tokens, as engine/src/drafter_lookup.cpp), its effective match length (that
-suffix extended backwards, up to 65 tokens, bucketed as the node kinds are), whether it copies
-the prompt or the output, and whether it is contested (another occurrence of the suffix goes
-on differently); it is accepted when the output's token is the proposed one. Each position counts
+suffix of up to 16 tokens, as engine/src/drafter_lookup.cpp; `match_ambiguity.find_match`), its
+effective match length (that suffix extended backwards, up to 65 tokens, bucketed as the node
+kinds are), whether it copies the prompt or the output, and whether it is contested (another
+occurrence of the suffix goes on differently); it is accepted when the output's token is the proposed one. Each position counts
 once: this is P(node accepted | its parent accepted) per bucket, what a node kind's statistics
 estimate. Prints, per source, the uncontested nodes' acceptance by bucket, pooled and per suite,
 beside the prior m / (m + 2). Positions proposing a control token (where copies stop) are left
@@ -24,10 +24,10 @@ import collections
 from pathlib import Path
 
 from auto_replay import TARGET, prompt_tokens, recorded_runs
+from match_ambiguity import find_match
 from pyspec import Engine
 
 BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 13, 17, 25, 33, 49, 65)  # shortest length of each (spec/schedule.h)
-NGRAM_MAX, MAX_MATCH = 16, 65
 
 
 def bucket(match_len: int) -> int:
@@ -35,26 +35,20 @@ def bucket(match_len: int) -> int:
 
 
 def proposals(prompt: list[int], output: list[int], stops: set[int]) -> list[tuple[str, bool, int, bool]]:
-    """(source, contested, bucket, accepted) of lookup's next node at each output position."""
-    seq = prompt + output
+    """(source, contested, bucket, accepted) of lookup's next node at each output position, from
+    the drafter's match as benchmarks/match_ambiguity.py finds it."""
+    hist = list(prompt)
+    index: dict[int, list[int]] = collections.defaultdict(list)  # token -> positions p < len(hist) - 1
+    for i in range(len(hist) - 1):
+        index[hist[i]].append(i)
     rows = []
-    for i in range(len(output)):
-        n = len(prompt) + i  # tokens committed before output[i]
-        for k in range(min(NGRAM_MAX, n - 1), 0, -1):
-            key = seq[n - k:n]
-            starts = [s for s in range(k, n) if seq[s - k:s] == key]  # continuation positions
-            if starts:
-                break
-        else:
-            continue
-        s = max(starts)
-        if seq[s] in stops:
-            continue
-        m = 0
-        while m < MAX_MATCH and s - m - 1 >= 0 and seq[s - m - 1] == seq[n - m - 1]:
-            m += 1
-        contested = any(seq[r] != seq[s] for r in starts if r != s)
-        rows.append(("prompt" if s < len(prompt) else "output", contested, bucket(m), output[i] == seq[s]))
+    for token in output:
+        m = find_match(hist, len(prompt), index)
+        if m is not None and hist[m.start] not in stops:
+            rows.append(("prompt" if m.in_prompt else "output", m.contested == 0, bucket(m.n_matched),
+                         token == hist[m.start]))
+        index[hist[-1]].append(len(hist) - 1)
+        hist.append(token)
     return rows
 
 
