@@ -48,6 +48,9 @@ PEER_METHODS = (*PYTHON_PEERS, *LLAMA_CPP_PEERS)
 NO_DRAFT_LENGTH = ("none", "peer-llama-cpp", *(p for p in LLAMA_CPP_PEERS if p != LLAMA_CPP_DRAFT))
 WARMUP_TOKENS = 8
 ENGINE_N_BATCH = 512  # the engine's batch; llama.cpp's tools get it as their physical batch (-ub)
+# A divergence from none whose top-2 logit gap (context evaluated in one batch) is below this is a
+# near-tie (docs/numerics.md); at or above it the gap is measured again one token at a time.
+NEAR_TIE = 0.25
 
 BenchPrompt = Union["Prompt", str, Sequence[dict]]
 
@@ -131,6 +134,17 @@ def _top2_gap(engine: "Engine", tokens: list[int]) -> float:
 
     top = np.sort(engine.evaluate(tokens)[0])[-2:]
     return float(top[1] - top[0])
+
+
+def _top2_gap_one_token(engine: "Engine", tokens: list[int]) -> float:
+    """_top2_gap with the context evaluated one token at a time (a second engine on the same
+    target and settings with a batch of 1, loaded for this and closed): the numerics of plain
+    decoding, where the batched evaluation's may put the two best tokens further apart."""
+    from .engine import Engine
+
+    with Engine(engine.target_path, n_ctx=engine.n_ctx, n_batch=1, n_threads=engine.n_threads,
+                n_gpu_layers=engine.n_gpu_layers, repack=engine.repack, prefix_cache=False) as one:
+        return _top2_gap(one, tokens)
 
 
 def _run_pyspec(engine: "Engine", m: MethodSpec, prompt_id: str, prompt_tokens: list[int],
@@ -317,9 +331,13 @@ def _report(specs: list[MethodSpec], runs: dict[str, list[PromptRun]], skipped: 
 def _divergence(run: PromptRun, ref: PromptRun, engine: "Engine", prompt_tokens: list[int], index: int) -> None:
     run.identical_to_none = False
     run.divergence_index = index
-    run.top2_logit_gap = _top2_gap(engine, prompt_tokens + ref.tokens[:index])
-    log.info("%s %s: diverges from none at token %d, top-2 logit gap %.3f", run.prompt_id, run.method, index,
-             run.top2_logit_gap)
+    context = prompt_tokens + ref.tokens[:index]
+    run.top2_logit_gap = _top2_gap(engine, context)
+    if run.top2_logit_gap >= NEAR_TIE:
+        run.top2_logit_gap_one_token = _top2_gap_one_token(engine, context)
+    log.info("%s %s: diverges from none at token %d, top-2 logit gap %.3f (one token at a time: %s)", run.prompt_id,
+             run.method, index, run.top2_logit_gap,
+             "-" if run.top2_logit_gap_one_token is None else f"{run.top2_logit_gap_one_token:.3f}")
 
 
 def _mark_divergence(engine: "Engine", run: PromptRun, ref: PromptRun, prompt_tokens: list[int]) -> None:

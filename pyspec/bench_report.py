@@ -36,7 +36,11 @@ class PromptRun:
     tokens: list[int]  # empty for llama.cpp tools (they print text)
     identical_to_none: bool = True
     divergence_index: int | None = None  # first token of none's output that differs
-    top2_logit_gap: float | None = None  # target's top-2 logit gap at the divergence
+    top2_logit_gap: float | None = None  # target's top-2 logit gap at the divergence (context in one batch)
+    # The same gap with the context evaluated one token at a time, as plain decoding does; only
+    # where the batched gap is not a near-tie (bench.NEAR_TIE): the two evaluations' logits differ
+    # (docs/numerics.md), so a flip can sit on a near-tie in one and not in the other.
+    top2_logit_gap_one_token: float | None = None
     # Prompt processing excluded: pyspec's own figure or the llama.cpp tool's (DECODE_NOTE);
     # None for llama-cpp-python peers.
     decode_tokens_per_second: float | None = None
@@ -235,7 +239,9 @@ def format_markdown(report: BenchReport, python_peers: tuple[str, ...] = ("peer-
     if divergences:
         lines += ["", "Divergences from none (a small top-2 logit gap is a near-tie, not a verification error):"]
         lines += [f"- {x.method} {x.prompt_id}: first differs at token {x.divergence_index}, "
-                  f"top-2 logit gap {_fmt(x.top2_logit_gap, '.3f')}" for x in divergences]
+                  f"top-2 logit gap {_fmt(x.top2_logit_gap, '.3f')}"
+                  + ("" if x.top2_logit_gap_one_token is None
+                     else f" (one token at a time: {x.top2_logit_gap_one_token:.3f})") for x in divergences]
     return "\n".join(lines)
 
 

@@ -164,3 +164,46 @@ def test_ratios_against_the_best_llama_cpp_mode_of_each_prompt() -> None:
     assert "none / llama.cpp plain 0.91x" in table
     assert "| s/0 | 100 | 10.0 | 30.0 | 11.0 | 20.0 | 24.0 | llama.cpp-ngram-simple | 1.25x |" in table
     assert "| decode tok/s | decode vs none | decode vs llama.cpp | decode vs best llama.cpp mode |" in table
+
+
+def test_divergence_off_a_near_tie_is_measured_again_one_token_at_a_time(
+        tiny_target: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A divergence whose batched top-2 gap is not a near-tie gets the gap of plain decoding's
+    numerics too (the context one token at a time); below NEAR_TIE only the batched gap is taken."""
+    import numpy as np
+
+    from pyspec import Engine, bench
+    from pyspec.bench_report import PromptRun
+
+    with Engine(tiny_target, n_ctx=256, n_threads=2, prefix_cache=False) as engine:
+        prompt = engine.tokenize("the cat sat on the mat")
+        plain = engine.generate(prompt, max_tokens=8, method="none", return_logits=True)
+        ref = PromptRun("p", "none", len(prompt), 8, 1.0, 8.0, "length", list(plain.tokens))
+        index = 5
+        # plain decoding's own row that chose ref.tokens[index] (prompt in one batch, then one token at a time)
+        top = np.sort(plain.logits[index])[-2:]
+        plain_gap = float(top[1] - top[0])
+
+        def diverging() -> PromptRun:
+            tokens = list(ref.tokens)
+            tokens[index] = (tokens[index] + 1) % engine.n_vocab
+            return PromptRun("p", "auto", len(prompt), 8, 1.0, 8.0, "length", tokens)
+
+        monkeypatch.setattr(bench, "NEAR_TIE", float("inf"))  # every gap a near-tie: nothing more measured
+        run = diverging()
+        bench._mark_divergence(engine, run, ref, prompt)
+        assert run.divergence_index == index and run.top2_logit_gap is not None
+        assert run.top2_logit_gap_one_token is None
+
+        monkeypatch.setattr(bench, "NEAR_TIE", 0.0)  # no gap is a near-tie: measured one token at a time
+        run = diverging()
+        bench._mark_divergence(engine, run, ref, prompt)
+        assert run.top2_logit_gap_one_token is not None
+        # f32 weights: both evaluations and plain decoding's row agree closely
+        assert run.top2_logit_gap_one_token == pytest.approx(plain_gap, abs=1e-3)
+        assert run.top2_logit_gap == pytest.approx(plain_gap, abs=1e-3)
+
+    report = bench._report(parse_methods("auto"), {"none": [ref], "auto": [run]}, {}, target="t", draft=None,
+                           suite="s", max_tokens=8, threads=2, repack=False)
+    assert (f"- auto p: first differs at token {index}, top-2 logit gap {run.top2_logit_gap:.3f} "
+            f"(one token at a time: {run.top2_logit_gap_one_token:.3f})") in format_markdown(report)
