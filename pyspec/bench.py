@@ -298,12 +298,13 @@ def run_bench(
                     runs[m.label].append(run(m, pid, tokens, prompt_file, max_tokens))
                     bar.update(1)
                 ref = runs["none"][-1]
+                gaps: dict[int, tuple[float, float | None]] = {}  # methods leaving none at one token share its gaps
                 for m in specs:
                     if m.label in tool_peers:
                         _mark_text_divergence(engine, runs[m.label][-1], ref, tokens,
-                                              tool_peers[m.label].renders_special_tokens)
+                                              tool_peers[m.label].renders_special_tokens, gaps)
                     else:
-                        _mark_divergence(engine, runs[m.label][-1], ref, tokens)
+                        _mark_divergence(engine, runs[m.label][-1], ref, tokens, gaps)
 
     return _report(specs, runs, skipped, target=str(target), draft=str(draft) if uses_draft else None, suite=suite,
                    max_tokens=max_tokens, threads=engine.n_threads, repack=engine.repack)
@@ -328,28 +329,34 @@ def _report(specs: list[MethodSpec], runs: dict[str, list[PromptRun]], skipped: 
     )  # fmt: skip
 
 
-def _divergence(run: PromptRun, ref: PromptRun, engine: "Engine", prompt_tokens: list[int], index: int) -> None:
+def _divergence(run: PromptRun, ref: PromptRun, engine: "Engine", prompt_tokens: list[int], index: int,
+                gaps: dict[int, tuple[float, float | None]]) -> None:
+    """Marks run as leaving none's output at token index, with the target's top-2 gaps there.
+    gaps: the gaps already measured for this prompt, by index (several methods often leave none at
+    the same near-tie, and the one-token evaluation of a long context takes minutes)."""
     run.identical_to_none = False
     run.divergence_index = index
-    context = prompt_tokens + ref.tokens[:index]
-    run.top2_logit_gap = _top2_gap(engine, context)
-    if run.top2_logit_gap >= NEAR_TIE:
-        run.top2_logit_gap_one_token = _top2_gap_one_token(engine, context)
+    if index not in gaps:
+        context = prompt_tokens + ref.tokens[:index]
+        batched = _top2_gap(engine, context)
+        gaps[index] = (batched, _top2_gap_one_token(engine, context) if batched >= NEAR_TIE else None)
+    run.top2_logit_gap, run.top2_logit_gap_one_token = gaps[index]
     log.info("%s %s: diverges from none at token %d, top-2 logit gap %.3f (one token at a time: %s)", run.prompt_id,
              run.method, index, run.top2_logit_gap,
              "-" if run.top2_logit_gap_one_token is None else f"{run.top2_logit_gap_one_token:.3f}")
 
 
-def _mark_divergence(engine: "Engine", run: PromptRun, ref: PromptRun, prompt_tokens: list[int]) -> None:
+def _mark_divergence(engine: "Engine", run: PromptRun, ref: PromptRun, prompt_tokens: list[int],
+                     gaps: dict[int, tuple[float, float | None]]) -> None:
     if run.tokens == ref.tokens:
         return
     i = next((k for k, (a, b) in enumerate(zip(run.tokens, ref.tokens)) if a != b),
              min(len(run.tokens), len(ref.tokens)))
-    _divergence(run, ref, engine, prompt_tokens, i)
+    _divergence(run, ref, engine, prompt_tokens, i, gaps)
 
 
 def _mark_text_divergence(engine: "Engine", run: PromptRun, ref: PromptRun, prompt_tokens: list[int],
-                          special: bool) -> None:
+                          special: bool, gaps: dict[int, tuple[float, float | None]]) -> None:
     """Identity by text, for tools that print text: the run's bytes against none's tokens rendered
     the way the tool renders them. A run that stopped at the length limit may have generated past
     none's last token (llama-speculative-simple does): then none's text must be its prefix."""
@@ -365,7 +372,7 @@ def _mark_text_divergence(engine: "Engine", run: PromptRun, ref: PromptRun, prom
         if end > first:
             index = k
             break
-    _divergence(run, ref, engine, prompt_tokens, index)
+    _divergence(run, ref, engine, prompt_tokens, index, gaps)
 
 
 def _default_n_draft(name: str) -> int | None:

@@ -191,14 +191,31 @@ def test_divergence_off_a_near_tie_is_measured_again_one_token_at_a_time(
 
         monkeypatch.setattr(bench, "NEAR_TIE", float("inf"))  # every gap a near-tie: nothing more measured
         run = diverging()
-        bench._mark_divergence(engine, run, ref, prompt)
+        bench._mark_divergence(engine, run, ref, prompt, {})
         assert run.divergence_index == index and run.top2_logit_gap is not None
         assert run.top2_logit_gap_one_token is None
 
-        monkeypatch.setattr(bench, "NEAR_TIE", 0.0)  # no gap is a near-tie: measured one token at a time
-        run = diverging()
-        bench._mark_divergence(engine, run, ref, prompt)
+        # No gap is a near-tie: measured one token at a time, by an engine with a batch of 1,
+        # once per prompt and divergence however many methods leave none there.
+        import pyspec.engine
+
+        batches = []
+
+        class Recording(pyspec.engine.Engine):
+            def __init__(self, *args, **kwargs):
+                batches.append(kwargs.get("n_batch"))
+                super().__init__(*args, **kwargs)
+
+        monkeypatch.setattr(pyspec.engine, "Engine", Recording)
+        monkeypatch.setattr(bench, "NEAR_TIE", 0.0)
+        gaps: dict = {}
+        run, other = diverging(), diverging()
+        bench._mark_divergence(engine, run, ref, prompt, gaps)
+        bench._mark_divergence(engine, other, ref, prompt, gaps)
+        assert batches == [1]
         assert run.top2_logit_gap_one_token is not None
+        assert (other.top2_logit_gap, other.top2_logit_gap_one_token) == (run.top2_logit_gap,
+                                                                          run.top2_logit_gap_one_token)
         # f32 weights: both evaluations and plain decoding's row agree closely
         assert run.top2_logit_gap_one_token == pytest.approx(plain_gap, abs=1e-3)
         assert run.top2_logit_gap == pytest.approx(plain_gap, abs=1e-3)
