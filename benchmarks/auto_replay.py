@@ -116,6 +116,10 @@ def main() -> int:
     ap.add_argument("--copy-bound", action="store_true",
                     help="also the modelled speed of drafting exactly the copyable continuation each step "
                          "(the output known in advance): how much copy drafting could gain at all")
+    ap.add_argument("--by-kind", action="store_true",
+                    help="per kind of the drafted first node (prompt lookup, pool, ... by match length): steps, "
+                         "tokens drafted and accepted, and the modelled time those steps gained and lost against "
+                         "decoding their tokens plainly")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args()
 
@@ -140,7 +144,16 @@ def main() -> int:
         replayed = _core.replay_auto(requests, core_curve, params.lookup, params.pool, params.scheduler,
                                      actual=actual._core())
         rows = []
-        for pid, (_, output), (sizes, accepted) in zip(ids, requests, replayed):
+        kinds_table: dict[str, list[float]] = {}  # kind -> [steps, drafted, accepted, gained ms, lost ms]
+        for pid, (_, output), (sizes, accepted, kinds) in zip(ids, requests, replayed):
+            for size, acc, kind in zip(sizes, accepted, kinds):
+                if size > 1:  # against plain decoding of the same tokens: 1 + acc one-token steps
+                    net = (1 + acc) * actual.at(1) - actual.at(size)
+                    row = kinds_table.setdefault(_core.kind_name(kind), [0, 0, 0, 0.0, 0.0])
+                    row[0] += 1
+                    row[1] += size - 1
+                    row[2] += acc
+                    row[3 if net > 0 else 4] += abs(net)
             n = len(output)
             t_none = n * actual.at(1)
             t_auto = model_cost(actual, list(sizes))
@@ -161,6 +174,13 @@ def main() -> int:
         if args.copy_bound:
             print(f"  copy bound: tok/s {med('bound'):.1f}, bound/none {ratio('bound', 'none'):.2f}x, "
                   f"geometric mean {geo('bound'):.2f}x")
+        if args.by_kind:
+            total = sum(model_cost(actual, list(sizes)) for sizes, _, _ in replayed)
+            print(f"  by first node kind (modelled auto time {total / 1e3:.1f} s; gained / lost: against decoding "
+                  f"the step's tokens plainly):")
+            for kind, (n_steps, drafted, acc, gained, lost) in sorted(kinds_table.items(), key=lambda kv: -kv[1][4]):
+                print(f"    {kind:<18} steps {n_steps:4d} drafted {drafted:5d} accepted {acc:5d} "
+                      f"({acc / max(drafted, 1):.2f})  gained {gained / 1e3:6.2f} s  lost {lost / 1e3:6.2f} s")
         if args.per_prompt:
             for r in rows:
                 print(f"  {r['prompt_id']:<16} auto {r['auto']:5.1f} calls {r['calls']:3d} "

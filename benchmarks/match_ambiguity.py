@@ -144,7 +144,7 @@ def main() -> None:
                     for r in none["per_prompt"] if r["tokens"]]
             replayed = _core.replay_auto(runs, curve._core(), params.lookup, params.pool, params.scheduler)
             drafts, positions, nodes = [], [], []
-            for (prompt, output), (sizes, accepted) in zip(runs, replayed):
+            for (prompt, output), (sizes, accepted, _) in zip(runs, replayed):
                 hist = list(prompt)
                 index: dict[int, list[int]] = collections.defaultdict(list)
                 for i in range(len(hist) - 1):

@@ -1,4 +1,5 @@
 // pyspec._core: registrations only. All logic lives in engine/ (C++) or pyspec/ (Python).
+#include <algorithm>
 #include <cstring>
 
 #include <nanobind/nanobind.h>
@@ -231,6 +232,7 @@ NB_MODULE(_core, m) {
     m.def("kind_pool", &spec::kind_pool, "match_len"_a);
     m.def("kind_model", &spec::kind_model, "probability"_a);
     m.def("kind_lookup_contested", &spec::kind_lookup_contested);
+    m.def("kind_name", [](int32_t kind) { return spec::kind_name(uint8_t(std::clamp(kind, 0, 255))); }, "kind"_a);
 
     nb::class_<spec::DraftPlan>(m, "DraftPlan")
         .def_ro("keep", &spec::DraftPlan::keep)
@@ -260,7 +262,8 @@ NB_MODULE(_core, m) {
         .def("n_observed", nb::overload_cast<int32_t>(&spec::CostModel::n_observed, nb::const_), "k"_a)
         .def_prop_ro("n_observed_total", nb::overload_cast<>(&spec::CostModel::n_observed, nb::const_));
 
-    // Replay of auto on known greedy outputs (spec/replay.h): [(sizes, accepted)] per request.
+    // Replay of auto on known greedy outputs (spec/replay.h): [(sizes, accepted, first_kinds)] per
+    // request.
     m.def("replay_auto", [](const std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>>& requests,
                             const spec::CostCurve& curve, const spec::LookupParams& lookup,
                             const spec::PoolParams& pool, const spec::AutoParams& params, size_t pool_capacity,
@@ -270,12 +273,13 @@ NB_MODULE(_core, m) {
         for (const auto& [prompt, output] : requests) reqs.push_back({prompt, output});
         spec::PhrasePoolParams settings;
         settings.capacity = pool_capacity;
-        std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> out;
+        std::vector<std::tuple<std::vector<int32_t>, std::vector<int32_t>, std::vector<int32_t>>> out;
         {
             nb::gil_scoped_release release;
             for (auto& steps : spec::replay_auto(reqs, curve, lookup, pool, settings, params,
                                                  actual ? &*actual : nullptr)) {
-                out.emplace_back(std::move(steps.sizes), std::move(steps.accepted));
+                std::vector<int32_t> kinds(steps.first_kinds.begin(), steps.first_kinds.end());
+                out.emplace_back(std::move(steps.sizes), std::move(steps.accepted), std::move(kinds));
             }
         }
         return out;

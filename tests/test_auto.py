@@ -272,15 +272,27 @@ def test_planner_is_exposed_for_inspection() -> None:
     assert list(plan.keep) == [0] and plan.expected_tokens == pytest.approx(1.5)
 
 
+def test_kind_names() -> None:
+    """The names auto_replay.py --by-kind prints, one per kind constructor (match lengths by bucket)."""
+    assert _core.kind_name(_core.kind_lookup(4)) == "lookup m4"
+    assert _core.kind_name(_core.kind_lookup(20)) == "lookup m17"
+    assert _core.kind_name(_core.kind_pool(10)) == "pool m9"
+    assert _core.kind_name(_core.kind_model(0.75)) == "model p0.7"
+    assert _core.kind_name(_core.kind_lookup_contested()) == "contested"
+    assert _core.kind_name(0) == "unknown" and _core.kind_name(300) == "unknown"
+
+
 def _replay(prompt: list[int], output: list[int], curve: pyspec.CostCurve, stop_tokens: list[int] = (),
             adapt_costs: bool = True, pool: bool = True):
     params = pyspec.GenerationConfig(method="auto").to_core()
     params.pool.enabled = pool  # off: prompt lookup's proposals alone
     params.lookup.stop_tokens = list(stop_tokens)
     params.scheduler.adapt_costs = adapt_costs  # off: no probes of sizes the curve calls dear
-    ((sizes, accepted),) = _core.replay_auto([(prompt, output)], curve._core(), params.lookup, params.pool,
-                                             params.scheduler)
+    ((sizes, accepted, kinds),) = _core.replay_auto([(prompt, output)], curve._core(), params.lookup,
+                                                    params.pool, params.scheduler)
     sizes, accepted = list(sizes), list(accepted)
+    # A step's first kind: a node kind when it drafted, 0 (unknown) when it decoded plainly.
+    assert all((k > 0) == (s > 1) for s, k in zip(sizes, kinds))
     # Every step commits its accepted tokens plus the target's own: the output, exactly.
     assert sum(a + 1 for a in accepted) == len(output)
     assert all(0 <= a <= s - 1 for s, a in zip(sizes, accepted))
@@ -373,7 +385,7 @@ def test_replay_charges_the_actual_curve() -> None:
     dear = pyspec.CostCurve((1, 2, 64), (10.0, 60.0, 1920.0))
     replay = lambda actual: _core.replay_auto([(prompt, output)], flat(10.0)._core(), params.lookup,  # noqa: E731
                                               params.pool, params.scheduler, actual=actual)
-    ((as_planned, _),) = replay(None)
-    ((corrected, _),) = replay(dear._core())
+    ((as_planned, _, _),) = replay(None)
+    ((corrected, _, _),) = replay(dear._core())
     assert set(as_planned[1:-1]) == {65}
     assert len(corrected) > len(as_planned) and min(corrected[1:-1]) < 16

@@ -74,6 +74,7 @@ std::vector<ReplaySteps> replay_auto(const std::vector<ReplayRequest>& requests,
             costs.observe(size, charged.at(size));
             steps.sizes.push_back(size);
             steps.accepted.push_back(n_accepted);
+            steps.first_kinds.push_back(draft.kinds.empty() ? kKindUnknown : draft.kinds[0]);
             // The accepted tokens and the target's own next token.
             const int32_t n_commit = std::min(n_accepted + 1, n_remaining);
             committed.insert(committed.end(), request.output.begin() + n_done,

@@ -122,6 +122,17 @@ uint8_t kind_lookup_output(int32_t root_match_len) {
 }
 uint8_t kind_head() { return uint8_t(kHead); }
 bool is_model_kind(uint8_t kind) { return kind >= kFirstModel && kind < kFirstModel + kModelKinds; }
+std::string kind_name(uint8_t kind) {
+    const auto bucket = [](int32_t b) { return " m" + std::to_string(kBucketStart[b]); };
+    if (kind >= kFirstLookup && kind < kFirstPool) return "lookup" + bucket(kind - kFirstLookup);
+    if (kind >= kFirstPool && kind < kFirstModel) return "pool" + bucket(kind - kFirstPool);
+    if (is_model_kind(kind)) return "model p0." + std::to_string(kind - kFirstModel);
+    if (kind == kLookupEnd) return "lookup-end";
+    if (is_lookup_output_kind(kind)) return "lookup-output" + bucket(kind - kFirstLookupOutput);
+    if (kind == kLookupContested) return "contested";
+    if (kind == kHead) return "head";
+    return "unknown";
+}
 bool kind_has_depth(uint8_t kind) {
     return kind < kFirstLookup || is_model_kind(kind) || is_lookup_output_kind(kind) || kind == kHead;
 }

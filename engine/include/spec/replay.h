@@ -23,11 +23,13 @@ struct ReplayRequest {
     std::vector<int32_t> output;  // the target's greedy output after it
 };
 
-// One request's steps: the tokens decoded per target call (1 + drafted) and the drafted tokens
-// accepted, in order. Sum of (accepted + 1) == output length.
+// One request's steps: the tokens decoded per target call (1 + drafted), the drafted tokens
+// accepted, and the node kind of the draft's first node (spec/schedule.h; kKindUnknown when the
+// step drafted nothing), in order. Sum of (accepted + 1) == output length.
 struct ReplaySteps {
     std::vector<int32_t> sizes;
     std::vector<int32_t> accepted;
+    std::vector<uint8_t> first_kinds;
 };
 
 // Replays requests in order through one auto drafter state per request sharing one set of

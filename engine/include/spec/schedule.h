@@ -15,6 +15,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace spec {
@@ -83,6 +84,10 @@ uint8_t kind_lookup_contested();
 uint8_t kind_head();
 constexpr double kHeadPrior = 0.8;
 bool is_model_kind(uint8_t kind);
+// A readable name of a node kind for reports: "lookup m4" (prompt lookup, match bucket from 4),
+// "pool m2", "lookup-output m3", "lookup-end", "contested", "model p0.7" (decile from 0.7),
+// "head", "unknown".
+std::string kind_name(uint8_t kind);
 // Whether a node's acceptance is also keyed by its depth (draft-model and unknown nodes);
 // context-match kinds carry their depth in the match length already.
 bool kind_has_depth(uint8_t kind);
