@@ -33,7 +33,7 @@ from .bench_peers import (LLAMA_CPP_DEFAULT_N_DRAFT, LLAMA_CPP_DRAFT, LLAMA_CPP_
                           LlamaCppPeer, PythonPeer)
 from .bench_report import (BenchReport, MethodSummary, PromptRun, best_llama_cpp_runs, decode_within_limit,
                            format_markdown, plot, summarize, versus_best_llama_cpp, write_json)
-from .config import DEFAULT_DRAFT, DEFAULT_TARGET, METHODS_NEEDING_DRAFT
+from .config import DEFAULT_DRAFT, DEFAULT_TARGET, METHODS_NEEDING_DRAFT, METHODS_NEEDING_HEAD
 
 if TYPE_CHECKING:
     from .data import Prompt
@@ -60,7 +60,7 @@ class MethodSpec:
     label: str  # as given on the command line, e.g. "lookup:8", "tree:24", "beam:4x5"
     name: str  # a pyspec method (engine.METHODS) or a peer (PEER_METHODS)
     n_draft: int | None  # chain-like methods: None = the method's own default
-    options: tuple[tuple[str, int], ...] = ()  # tree / beam shape from the suffix, for generate()
+    options: tuple[tuple[str, Any], ...] = ()  # tree / beam shape, auto's drafters: for generate()
 
     @property
     def is_peer(self) -> bool:
@@ -77,13 +77,25 @@ def available_methods() -> tuple[str, ...]:
     return (*METHODS, *PEER_METHODS)
 
 
-def _shape_options(name: str, item: str, k: str) -> tuple[tuple[str, int], ...]:
-    """tree:N -> tree_nodes N; beam:KxL -> K beams of length L."""
-    parts = k.split("x") if name == "beam" else [k]
-    if len(parts) != (2 if name == "beam" else 1) or not all(x.isdigit() and int(x) >= 1 for x in parts):
-        form = "beam:KxL (e.g. beam:4x5)" if name == "beam" else "tree:N (node budget, e.g. tree:16)"
+# auto:SUFFIX -> generate() options: auto without one of its learned drafters, so that one engine
+# (one draft model, one head) can compare auto with and without it in a single run.
+AUTO_VARIANTS = {"no-head": (("auto_head", False),), "no-draft": (("auto_draft_model", False),)}
+BEAM_SHAPED = ("beam", "redrafter")
+
+
+def _shape_options(name: str, item: str, k: str) -> tuple[tuple[str, Any], ...]:
+    """tree:N -> tree_nodes N; beam:KxL, redrafter:KxL -> K beams of length L; auto:no-head,
+    auto:no-draft -> auto without the draft head / the draft model."""
+    if name == "auto":
+        if k not in AUTO_VARIANTS:
+            raise ValueError(f"bad variant in {item!r}: expected {' or '.join('auto:' + v for v in AUTO_VARIANTS)}")
+        return AUTO_VARIANTS[k]
+    beam = name in BEAM_SHAPED
+    parts = k.split("x") if beam else [k]
+    if len(parts) != (2 if beam else 1) or not all(x.isdigit() and int(x) >= 1 for x in parts):
+        form = f"{name}:KxL (e.g. {name}:4x5)" if beam else "tree:N (node budget, e.g. tree:16)"
         raise ValueError(f"bad shape in {item!r}: expected {form}")
-    if name == "beam":
+    if beam:
         return (("beams", int(parts[0])), ("beam_length", int(parts[1])))
     return (("tree_nodes", int(parts[0])),)
 
@@ -91,7 +103,8 @@ def _shape_options(name: str, item: str, k: str) -> tuple[tuple[str, int], ...]:
 def parse_methods(spec: str | Sequence[str], n_draft: int | None = None) -> list[MethodSpec]:
     """'none,lookup:8,tree:16,beam:4x5,peer-pld' -> MethodSpecs. A ':K' suffix sets the draft
     length of chain, lookup, ouroboros, peer-pld and llama.cpp-draft, the node budget of tree, and
-    beams x length of beam; n_draft is the length for chain-like methods given without one.
+    beams x length of beam and redrafter; auto:no-head and auto:no-draft are auto without its draft
+    head or its draft model; n_draft is the length for chain-like methods given without one.
     `none` is put first when missing: it is the reference for speedup and identity."""
     items = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
     available = available_methods()
@@ -102,7 +115,7 @@ def parse_methods(spec: str | Sequence[str], n_draft: int | None = None) -> list
             raise ValueError(f"unknown method {name!r}; available: {', '.join(available)}")
         if colon and name in NO_DRAFT_LENGTH:
             raise ValueError(f"method {name!r} takes no ':K' suffix ({item!r})")
-        if name in ("tree", "beam"):
+        if name in ("tree", "auto", *BEAM_SHAPED) and (colon or name != "auto"):
             out.append(MethodSpec(item, name, None, _shape_options(name, item, k) if colon else ()))
             continue
         if colon and (not k.isdigit() or int(k) < 1):
@@ -119,6 +132,16 @@ def parse_methods(spec: str | Sequence[str], n_draft: int | None = None) -> list
 
 
 # -- running -----------------------------------------------------------------------------------
+
+
+def suite_prompts(spec: str, n: int) -> tuple[str, list["Prompt"]]:
+    """The suite's label and prompts for `spec`: SUITE (its first n prompts) or SUITE[A:B] (the
+    first n of prompts A..B-1, e.g. prompts a draft head was not trained on)."""
+    from .data import load_suite, parse_suite_slice
+
+    name, start, stop = parse_suite_slice(spec)
+    stop = start + n if stop is None else min(stop, start + n)
+    return (spec.strip() if "[" in spec else name), load_suite(name, stop)[start:]
 
 
 def _as_messages(prompt: BenchPrompt) -> tuple[str, list[dict]]:
@@ -160,6 +183,7 @@ def _run_pyspec(engine: "Engine", m: MethodSpec, prompt_id: str, prompt_tokens: 
         n_target_calls=s.n_target_calls, n_drafted=s.n_drafted, n_accepted=s.n_accepted,
         t_draft_ms=s.t_draft_ms, t_verify_ms=s.t_verify_ms, t_total_ms=s.t_total_ms,
         n_empty_drafts=s.n_empty_drafts, n_draft_decodes=s.n_draft_decodes,
+        n_head_drafts=s.n_head_drafts, n_head_accepted=s.n_head_accepted,
     )
 
 
@@ -192,15 +216,18 @@ def run_bench(
     progress: bool = True,
     llama_cpp_bin: str | None = None,
     n_gpu_layers: int | None = None,
+    head: str | None = None,
 ) -> BenchReport:
     """Runs every method on the same prompts, interleaved per prompt, greedy.
 
-    prompts: a suite name (`pyspec data list`; its first n prompts) or a list of prompts
+    prompts: a suite name (`pyspec data list`; its first n prompts), a slice of one
+    ('humaneval[156:164]': the first n of those prompts) or a list of prompts
     (data.Prompt, chat messages, or plain strings taken as one user message).
     methods: names with an optional ':K' suffix (see parse_methods). llama.cpp's tools are looked
     for in llama_cpp_bin, else as `pyspec.llamacpp.find_tools` does; when they are not built, their
     methods are skipped (BenchReport.skipped says why and how to build them). n_gpu_layers: as
-    Engine's, for every method (llama.cpp's tools get the engine's value).
+    Engine's, for every method (llama.cpp's tools get the engine's value). head: a draft head GGUF
+    for the engine (method redrafter needs one; auto then weighs it too, auto:no-head does not).
     """
     from tqdm import tqdm
 
@@ -212,9 +239,7 @@ def run_bench(
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     if isinstance(prompts, str):
-        from .data import load_suite
-
-        suite, prompt_list = prompts, list(load_suite(prompts, n=n))
+        suite, prompt_list = suite_prompts(prompts, n)
     else:
         suite, prompt_list = "custom", list(prompts)
     if not prompt_list:
@@ -222,6 +247,11 @@ def run_bench(
     needs_draft = [m.label for m in specs if m.name in (*METHODS_NEEDING_DRAFT, LLAMA_CPP_DRAFT)]
     if needs_draft and not draft:
         raise ValueError(f"method(s) {', '.join(needs_draft)} need a draft model (--draft)")
+    needs_head = [m.label for m in specs if m.name in METHODS_NEEDING_HEAD]
+    if needs_head and not head:
+        raise ValueError(f"method(s) {', '.join(needs_head)} need a draft head (--head)")
+    if head and not os.path.isfile(head):
+        raise FileNotFoundError(f"draft head {head!r} does not exist")
     bin_dir, skipped = _llama_cpp_tools(specs, llama_cpp_bin)
     specs = [m for m in specs if m.label not in skipped]
     uses_draft = any(m.name in (*METHODS_NEEDING_DRAFT, LLAMA_CPP_DRAFT) for m in specs) or (
@@ -235,7 +265,7 @@ def run_bench(
         # processing and flatter its wall-time tok/s).
         engine = stack.enter_context(Engine(target_path, draft=draft_path, n_ctx=n_ctx, n_batch=ENGINE_N_BATCH,
                                             n_threads=n_threads, n_gpu_layers=n_gpu_layers,
-                                            prefix_cache=False))
+                                            prefix_cache=False, head=head))
         if any(m.name == "auto" for m in specs):
             engine.calibrate(progress=progress)  # cached curves, or measured now: not in the timings
         work_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pyspec-bench-")))
@@ -306,8 +336,10 @@ def run_bench(
                     else:
                         _mark_divergence(engine, runs[m.label][-1], ref, tokens, gaps)
 
-    return _report(specs, runs, skipped, target=str(target), draft=str(draft) if uses_draft else None, suite=suite,
-                   max_tokens=max_tokens, threads=engine.n_threads, repack=engine.repack)
+    report = _report(specs, runs, skipped, target=str(target), draft=str(draft) if uses_draft else None, suite=suite,
+                     max_tokens=max_tokens, threads=engine.n_threads, repack=engine.repack)
+    report.head = os.path.basename(head) if head else None
+    return report
 
 
 def _report(specs: list[MethodSpec], runs: dict[str, list[PromptRun]], skipped: dict[str, str], *, target: str,
@@ -395,7 +427,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     report = run_bench(
         args.target, args.draft, args.prompt or args.suite, n=args.n, max_tokens=args.max_tokens, methods=args.methods,
         n_draft=args.n_draft, n_threads=args.threads, n_ctx=args.n_ctx, progress=not args.no_progress,
-        llama_cpp_bin=args.llama_cpp_bin, n_gpu_layers=args.n_gpu_layers,
+        llama_cpp_bin=args.llama_cpp_bin, n_gpu_layers=args.n_gpu_layers, head=args.head,
     )
     for method, why in report.skipped.items():
         print(f"pyspec bench: skipped {method}: {why}", file=sys.stderr)
@@ -415,7 +447,9 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--target", default=DEFAULT_TARGET, help=f"registry name or GGUF path (default {DEFAULT_TARGET})")
     p.add_argument("--draft", default=DEFAULT_DRAFT, help=f"registry name or GGUF path (default {DEFAULT_DRAFT})")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--suite", default="humaneval", help=f"prompt suite: {', '.join(SUITES)}")
+    src.add_argument("--suite", default="humaneval",
+                     help=f"prompt suite: {', '.join(SUITES)}; SUITE[A:B] takes prompts A..B-1 (e.g. prompts "
+                          f"no draft head was trained on)")
     src.add_argument("--prompt", action="append", default=None,
                      help="a prompt (one user message) instead of a suite; repeatable")
     p.add_argument("--n", type=int, default=5, help="prompts from the suite (default 5)")
@@ -435,6 +469,9 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--llama-cpp-bin", default=None, metavar="DIR",
                    help="directory of llama.cpp's llama-completion and llama-speculative-simple (default: "
                         "$PYSPEC_LLAMA_CPP_BIN, else those built by benchmarks/build_llama_cpp.py)")
+    p.add_argument("--head", default=None, metavar="PATH",
+                   help="draft head GGUF (`pyspec train-head`) for method redrafter and for auto to weigh "
+                        "(auto:no-head leaves it out)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the report as JSON")
     p.add_argument("--plot", default=None, metavar="PATH", help="also write a PNG bar chart (needs matplotlib)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")

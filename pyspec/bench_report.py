@@ -56,6 +56,8 @@ class PromptRun:
     t_total_ms: float | None = None
     n_empty_drafts: int | None = None  # target calls that verified no draft (plain decoding steps)
     n_draft_decodes: int | None = None
+    n_head_drafts: int | None = None  # pyspec methods: steps that verified a draft head's chain
+    n_head_accepted: int | None = None  # and its tokens accepted
     # llama.cpp tools only:
     text: str | None = None  # generated text (undecodable bytes as surrogate escapes)
     process_wall_s: float | None = None  # the tool's whole process, model load included
@@ -102,6 +104,7 @@ class BenchReport:
     # the same with every decode figure taken up to the token limit (PromptRun)
     auto_vs_best_llama_cpp_within_limit: float | None = None
     none_vs_llama_cpp: float | None = None  # none vs llama.cpp plain, decode tok/s, median of ratios
+    head: str | None = None  # the engine's draft head, when given
     timing: str = TIMING_NOTE
     decode_timing: str = DECODE_NOTE
     speedup: str = SPEEDUP_NOTE
@@ -204,7 +207,8 @@ def format_markdown(report: BenchReport, python_peers: tuple[str, ...] = ("peer-
     with_llama_cpp = bool(report.llama_cpp_modes)
     with_plain = "llama.cpp" in report.llama_cpp_modes
     lines = [
-        f"target {report.target}, draft {report.draft or '-'}, suite {report.suite} ({report.n} prompts), "
+        f"target {report.target}, draft {report.draft or '-'}" + (f", head {report.head}" if report.head else "")
+        + f", suite {report.suite} ({report.n} prompts), "
         f"greedy, chat template, {report.max_tokens} new tokens at most, {report.threads} threads, "
         f"repack {'on' if report.repack else 'off'}",
         f"{report.timing}; {report.decode_timing}; {report.speedup}; tok/s is the median (min-max) over prompts; "

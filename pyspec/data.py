@@ -14,10 +14,11 @@ import argparse
 import gzip
 import json
 import logging
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from .fetch import Cache, PipDownloader, write_parts
 from .models import Registry
@@ -334,6 +335,30 @@ def load_suite(
     path = dataset_file(suite.dataset, cache=cache, registry=registry, downloader=downloader,
                         progress=progress)
     return load_suite_file(name, path, n)
+
+
+_SLICE = re.compile(r"^(?P<suite>[a-z0-9_]+)(\[(?P<start>\d*):(?P<stop>\d*)\])?$")
+
+
+def parse_suite_slice(spec: str) -> tuple[str, int, int | None]:
+    """'humaneval[0:120]' -> ('humaneval', 0, 120); 'gsm8k' -> ('gsm8k', 0, None)."""
+    match = _SLICE.match(spec.strip())
+    if not match:
+        raise ValueError(f"bad prompt slice {spec!r}; expected SUITE or SUITE[START:STOP], e.g. humaneval[0:120]")
+    start = int(match["start"]) if match["start"] else 0
+    stop = int(match["stop"]) if match["stop"] else None
+    if stop is not None and stop < start:
+        raise ValueError(f"bad prompt slice {spec!r}: stop < start")
+    return match["suite"], start, stop
+
+
+def load_prompt_slices(specs: Sequence[str]) -> list[Prompt]:
+    """The prompts of several suite slices (SUITE or SUITE[START:STOP]), in order."""
+    prompts: list[Prompt] = []
+    for spec in specs:
+        suite, start, stop = parse_suite_slice(spec)
+        prompts.extend(load_suite(suite, stop)[start:stop])
+    return prompts
 
 
 def load_suite_file(name: str, path: str | Path, n: int | None = None) -> list[Prompt]:

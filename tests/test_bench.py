@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pyspec.bench import BenchReport, format_markdown, parse_methods, run_bench, write_json
+from pyspec.bench import BenchReport, format_markdown, parse_methods, run_bench, suite_prompts, write_json
 
 from test_cli import pyspec_cli
 
@@ -35,6 +35,15 @@ def test_parse_methods() -> None:
     assert [(m.label, m.name, dict(m.options)) for m in specs[1:]] == [
         ("tree:24", "tree", {"tree_nodes": 24}), ("beam:3x6", "beam", {"beams": 3, "beam_length": 6}),
         ("tree", "tree", {})]
+    specs = parse_methods("auto,auto:no-head,auto:no-draft,redrafter:2x5,redrafter")
+    assert [(m.label, m.name, dict(m.options)) for m in specs[1:]] == [
+        ("auto", "auto", {}), ("auto:no-head", "auto", {"auto_head": False}),
+        ("auto:no-draft", "auto", {"auto_draft_model": False}),
+        ("redrafter:2x5", "redrafter", {"beams": 2, "beam_length": 5}), ("redrafter", "redrafter", {})]
+    with pytest.raises(ValueError, match="expected auto:no-head or auto:no-draft"):
+        parse_methods("auto:4")
+    with pytest.raises(ValueError, match="expected redrafter:KxL"):
+        parse_methods("redrafter:4")
     with pytest.raises(ValueError, match="expected beam:KxL"):
         parse_methods("beam:4")
     with pytest.raises(ValueError, match="expected tree:N"):
@@ -95,6 +104,26 @@ def test_json(report: BenchReport, tmp_path: Path) -> None:
         assert {"method", "tokens_per_second", "speedup_vs_none", "acceptance_rate", "tokens_per_target_call",
                 "greedy_identical", "per_prompt"} <= set(entry)
         assert {"prompt_id", "tokens", "tokens_per_second", "identical_to_none"} <= set(entry["per_prompt"][0])
+
+
+def test_suite_slices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--suite SUITE[A:B] runs the first n prompts of the slice, and the report names the slice."""
+    import pyspec.data
+
+    loaded = []
+
+    def fake_load_suite(name: str, n: int | None = None, **_: object) -> list[str]:
+        loaded.append((name, n))
+        return [f"{name} {i}" for i in range(n)]
+
+    monkeypatch.setattr(pyspec.data, "load_suite", fake_load_suite)
+    assert suite_prompts("humaneval", 3) == ("humaneval", ["humaneval 0", "humaneval 1", "humaneval 2"])
+    assert suite_prompts("humaneval[156:164]", 2) == ("humaneval[156:164]", ["humaneval 156", "humaneval 157"])
+    assert suite_prompts("gsm8k[10:12]", 5) == ("gsm8k[10:12]", ["gsm8k 10", "gsm8k 11"])
+    assert suite_prompts("mtbench[3:]", 1) == ("mtbench[3:]", ["mtbench 3"])
+    assert loaded == [("humaneval", 3), ("humaneval", 158), ("gsm8k", 12), ("mtbench", 4)]
+    with pytest.raises(ValueError, match="bad prompt slice"):
+        suite_prompts("humaneval[5:2]", 1)
 
 
 def test_cli_bench(tiny_target: str, tiny_drafts: dict[str, str], tmp_path: Path) -> None:

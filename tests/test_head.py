@@ -73,7 +73,8 @@ def head_files(tmp_path_factory: pytest.TempPathFactory, tiny_target: str) -> di
     export_head(head, weights.info, files["f32"], dtype="f32")
     export_head(head, weights.info, files["q8_0"], dtype="q8_0")
     return {"files": {k: str(v) for k, v in files.items()}, "head": head.eval(), "before": before,
-            "after": state.history[-1], "dir": work}
+            "after": state.history[-1], "dir": work, "train": build_examples(train, column_of, 5),
+            "held_out": held_ex, "weights": weights, "vocab": vocab}
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +89,43 @@ def test_training_improves_held_out_prediction(head_files: dict[str, object]) ->
     # acc@1 of the trained head on held-out prompts well above the untrained one's.
     assert after["acc"][0] > before["acc"][0] + 0.25, (before, after)
     assert after["chain"][1] > before["chain"][1]
+
+
+def test_bench_with_a_head(tiny_target: str, head_files: dict[str, object], tmp_path: Path) -> None:
+    """`pyspec bench --head`: redrafter drafts with the head, auto:no-head never does, every
+    method's greedy output equals none's; redrafter without a head and a missing head file are
+    refused before anything runs."""
+    from pyspec.bench import format_markdown, run_bench
+
+    prompts = PROMPTS[:2]
+    report = run_bench(tiny_target, None, prompts, max_tokens=24, methods="none,redrafter:2x3,auto,auto:no-head",
+                       n_threads=2, n_ctx=512, progress=False, head=head_files["files"]["f32"])
+    assert report.head == "f32.gguf" and "head f32.gguf" in format_markdown(report)
+    by = {r.method: r for r in report.results}
+    assert all(r.greedy_identical == len(prompts) for r in report.results), format_markdown(report)
+    assert sum(x.n_head_drafts for x in by["redrafter:2x3"].per_prompt) > 0
+    assert all(x.n_head_drafts == 0 for x in by["auto:no-head"].per_prompt)
+    with pytest.raises(ValueError, match="redrafter need a draft head"):
+        run_bench(tiny_target, None, prompts, methods="none,redrafter", progress=False)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        run_bench(tiny_target, None, prompts, methods="none,auto", progress=False, head=str(tmp_path / "no.gguf"))
+
+
+def test_bf16_training_learns_as_float32_does(head_files: dict[str, object]) -> None:
+    """--bf16 (autocast matrix products) trains the same head from the same start to about the
+    float32 run's held-out loss and accuracy, and its weights stay float32 (what export writes)."""
+    torch.manual_seed(0)
+    head = new_head(head_files["weights"], head_files["vocab"], n_res_layers=2)
+    state = train_head(head, head_files["train"], head_files["held_out"],
+                       TrainConfig(epochs=6, batch_size=64, lr=3e-3, eval_every=10**6, bf16=True),
+                       head_files["dir"] / "train_bf16", held_out_answers=head_files["held_out"])
+    before, f32, bf16 = head_files["before"], head_files["after"], state.history[-1]
+    # The target's answers evaluated apart (here the same held-out set): the same figures.
+    assert bf16["answers"] == {k: bf16[k] for k in ("loss", "acc", "chain")}
+    assert all(p.dtype == torch.float32 for p in head.parameters())
+    assert bf16["loss"] < before["loss"] - 1.0
+    assert bf16["loss"] < f32["loss"] * 1.1 + 0.1, (f32, bf16)
+    assert bf16["acc"][0] > f32["acc"][0] - 0.1, (f32, bf16)
 
 
 @pytest.mark.parametrize("dtype,atol", [("f32", 1e-4), ("q8_0", None)])
@@ -310,6 +348,16 @@ def test_train_head_command_makes_data_trains_resumes_and_exports(tmp_path: Path
                      "--max-tokens", "16", "--method", "redrafter", "--beams", "2", "--json")
     assert gen.returncode == 0, gen.stderr
     assert json.loads(gen.stdout)["head_version"] == 1
+    # --init-from: a new run starts from the trained head (its vocabulary, its weights: the
+    # held-out loss before any step is the finished run's, not an untrained head's).
+    tuned_args = [a if a != str(tmp_path / "h.gguf") else str(tmp_path / "h2.gguf") for a in args]
+    tuned = pyspec_cli(*tuned_args, "--init-from", str(tmp_path / "h.gguf"), "--kept-vocab", "100", "--epochs", "1")
+    assert tuned.returncode == 0, tuned.stderr
+    tuned_report = json.loads(tuned.stdout)
+    assert tuned_report["init_from"] == str(tmp_path / "h.gguf") and tuned_report["kept_vocab"] == 200
+    start_loss, end_loss = tuned_report["history"][0]["loss"], report["history"][-1]["loss"]
+    assert tuned_report["history"][0]["step"] == 0 and abs(start_loss - end_loss) < 1e-3 * end_loss, \
+        (start_loss, end_loss, report["history"][0]["loss"])
 
 
 def test_reference_sequences_are_the_targets_rows_over_the_reference_text(tmp_path: Path, tiny_target: str) -> None:
@@ -340,6 +388,13 @@ def test_reference_sequences_are_the_targets_rows_over_the_reference_text(tmp_pa
         # The MT-Bench prompt: the target's greedy answer, rows from the last prompt token.
         mt = by_id[(prompts[4].id, 0.0)]
         assert mt.first_row == len(engine.prompt_tokens(prompts[4].messages)) - 1
+    # Each sequence says where its text came from (the trainer evaluates the target's answers
+    # apart); files written before that was stored are told apart by their names.
+    assert sorted(s.source for s in by_id.values()) == ["reference"] * 4 + ["target"]
+    for path in tmp_path.glob("*.npz"):
+        with np.load(path) as f:
+            np.savez(path, **{k: f[k] for k in f.files if k != "source"})
+    assert sorted(s.source for s in iter_sequences(tmp_path)) == ["reference"] * 4 + ["target"]
 
 
 def test_online_fine_tuning_of_the_head(tiny_target: str, head_files: dict[str, object]) -> None:

@@ -44,32 +44,9 @@ if TYPE_CHECKING:
     from ..data import Prompt
     from ..engine import Engine
 
+from ..data import load_prompt_slices, parse_suite_slice  # noqa: F401  (re-exported: head's callers use them)
+
 log = logging.getLogger(__name__)
-
-_SLICE = re.compile(r"^(?P<suite>[a-z0-9_]+)(\[(?P<start>\d*):(?P<stop>\d*)\])?$")
-
-
-def parse_suite_slice(spec: str) -> tuple[str, int, int | None]:
-    """'humaneval[0:120]' -> ('humaneval', 0, 120); 'gsm8k' -> ('gsm8k', 0, None)."""
-    match = _SLICE.match(spec.strip())
-    if not match:
-        raise ValueError(f"bad prompt slice {spec!r}; expected SUITE or SUITE[START:STOP], e.g. humaneval[0:120]")
-    start = int(match["start"]) if match["start"] else 0
-    stop = int(match["stop"]) if match["stop"] else None
-    if stop is not None and stop < start:
-        raise ValueError(f"bad prompt slice {spec!r}: stop < start")
-    return match["suite"], start, stop
-
-
-def load_prompt_slices(specs: Sequence[str]) -> list["Prompt"]:
-    """The prompts of several suite slices, in order."""
-    from ..data import load_suite
-
-    prompts: list[Prompt] = []
-    for spec in specs:
-        suite, start, stop = parse_suite_slice(spec)
-        prompts.extend(load_suite(suite, stop)[start:stop])
-    return prompts
 
 
 @dataclass(frozen=True)
@@ -127,6 +104,7 @@ class HeadSequence:
     top_probs: np.ndarray
     prompt_id: str = ""
     temperature: float = 0.0
+    source: str = "target"  # as SequenceSpec.source: the target's answer, or a reference text
 
     @property
     def n_rows(self) -> int:
@@ -176,7 +154,7 @@ def make_reference_sequence(engine: "Engine", prompt_tokens: list[int], answer: 
     return HeadSequence(
         tokens=np.asarray(tokens, dtype=np.int32), first_row=first_row,
         hidden=hidden[first_row:].astype(np.float16), top_ids=ids, top_probs=probs,
-        prompt_id=spec.prompt_id, temperature=0.0,
+        prompt_id=spec.prompt_id, temperature=0.0, source="reference",
     )
 
 
@@ -194,15 +172,17 @@ def save_sequence(seq: HeadSequence, path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp.npz")
     np.savez(tmp, tokens=seq.tokens, first_row=np.int64(seq.first_row), hidden=seq.hidden,
              top_ids=seq.top_ids, top_probs=seq.top_probs, prompt_id=np.str_(seq.prompt_id),
-             temperature=np.float32(seq.temperature))
+             temperature=np.float32(seq.temperature), source=np.str_(seq.source))
     os.replace(tmp, path)
 
 
 def load_sequence(path: Path) -> HeadSequence:
     with np.load(path) as f:
+        # Files written before `source` was stored name reference sequences by their stem.
+        source = str(f["source"]) if "source" in f else ("reference" if path.stem.endswith("__ref") else "target")
         return HeadSequence(tokens=f["tokens"], first_row=int(f["first_row"]), hidden=f["hidden"],
                             top_ids=f["top_ids"], top_probs=f["top_probs"], prompt_id=str(f["prompt_id"]),
-                            temperature=float(f["temperature"]))
+                            temperature=float(f["temperature"]), source=source)
 
 
 def iter_sequences(data_dir: str | os.PathLike[str]) -> Iterator[HeadSequence]:
