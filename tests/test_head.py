@@ -358,6 +358,13 @@ def test_train_head_command_makes_data_trains_resumes_and_exports(tmp_path: Path
     start_loss, end_loss = tuned_report["history"][0]["loss"], report["history"][-1]["loss"]
     assert tuned_report["history"][0]["step"] == 0 and abs(start_loss - end_loss) < 1e-3 * end_loss, \
         (start_loss, end_loss, report["history"][0]["loss"])
+    # A head of another target shape (width 96, not 64) is refused, naming the mismatch.
+    wide = build_tiny_model(tmp_path / "wide.gguf", seed=3, n_embd=96)
+    no_prompts = [a for a in tuned_args if a not in ("--prompts", "humaneval[0:8]")]  # the data as it is
+    wrong = pyspec_cli(*[a if a != tiny_target else str(wide) for a in no_prompts],
+                       "--init-from", str(tmp_path / "h.gguf"), "--work-dir", str(tmp_path / "w3"))
+    assert wrong.returncode == 1 and "trained for another target" in wrong.stderr and "width 64" in wrong.stderr, \
+        wrong.stderr
 
 
 def test_reference_sequences_are_the_targets_rows_over_the_reference_text(tmp_path: Path, tiny_target: str) -> None:

@@ -80,7 +80,7 @@ def run_train_head(args: argparse.Namespace) -> dict[str, Any]:
     # --init-from: a trained head's vocabulary and shape, and its weights as the start.
     vocab_path = work / "vocab.npy"
     t1 = time.time()
-    start = load_head(args.init_from)[0] if args.init_from else None
+    start, start_target = load_head(args.init_from) if args.init_from else (None, None)
     if start is not None:
         vocab = start.vocab.numpy()
         if vocab_path.exists() and not np.array_equal(np.load(vocab_path), vocab):
@@ -93,9 +93,10 @@ def run_train_head(args: argparse.Namespace) -> dict[str, Any]:
         vocab = kept_vocabulary(train, args.kept_vocab, _target_vocab_size(target))
         np.save(vocab_path, vocab)
     weights = read_target(target, vocab)
-    if start is not None and start.config.n_target_vocab != weights.info.n_vocab:
-        raise ValueError(f"{args.init_from} was trained for a target of {start.config.n_target_vocab} tokens, "
-                         f"{target} has {weights.info.n_vocab}")
+    if start_target is not None and (start_target.n_embd, start_target.n_vocab, start_target.vocab_hash) != (
+            weights.info.n_embd, weights.info.n_vocab, weights.info.vocab_hash):
+        raise ValueError(f"{args.init_from} was trained for another target ({start_target.name}: width "
+                         f"{start_target.n_embd}, {start_target.n_vocab} tokens), not {target}")
     n_vocab = weights.info.n_vocab
     report["kept_vocab"] = int(len(vocab))
     report["coverage_train"] = round(coverage(train, vocab), 4)
