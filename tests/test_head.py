@@ -438,8 +438,12 @@ def install_target_cost(engine: pyspec.Engine, ms: tuple[float, float]) -> None:
     engine._core.set_cost(False, pyspec.CostCurve((1, 64), ms)._core(), "")
 
 
-FLAT = (10.0, 10.0)           # verifying 64 tokens costs what one does (a GPU-like curve)
-DEAR = (10.0, 10.0 + 63 * 4)  # each verified token adds 0.4 of a one-token step
+# Target steps of a second: the head's own step, timed for real (a fraction of a ms on the tiny
+# head, several ms on a machine loaded by parallel test runs), stays negligible beside them, so
+# the tests see the curve's shape alone (at 10 ms a step, a loaded machine's head step once cost
+# nearly as much as verifying, and auto rightly left the head out).
+FLAT = (1000.0, 1000.0)             # verifying 64 tokens costs what one does (a GPU-like curve)
+DEAR = (1000.0, 1000.0 + 63 * 400)  # each verified token adds 0.4 of a one-token step
 
 
 def test_auto_drafts_with_a_head_where_it_pays(tiny_target: str, head_files: dict[str, object]) -> None:
