@@ -37,7 +37,7 @@ from typing import Any, Callable
 import numpy as np
 
 from pyspec import Engine, _core
-from pyspec.head.data import load_prompt_slices
+from pyspec.data import load_prompt_slices
 
 SHAPES = ((1, 5), (2, 5), (4, 5))
 DEPTH = 5

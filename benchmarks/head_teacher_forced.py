@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from pyspec import Engine
-from pyspec.head.data import load_prompt_slices
+from pyspec.data import load_prompt_slices
 from pyspec.head.gguf_io import load_head
 
 

@@ -44,8 +44,6 @@ if TYPE_CHECKING:
     from ..data import Prompt
     from ..engine import Engine
 
-from ..data import load_prompt_slices, parse_suite_slice  # noqa: F401  (re-exported: head's callers use them)
-
 log = logging.getLogger(__name__)
 
 
