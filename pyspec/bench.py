@@ -115,7 +115,7 @@ def parse_methods(spec: str | Sequence[str], n_draft: int | None = None) -> list
             raise ValueError(f"unknown method {name!r}; available: {', '.join(available)}")
         if colon and name in NO_DRAFT_LENGTH:
             raise ValueError(f"method {name!r} takes no ':K' suffix ({item!r})")
-        if name in ("tree", "auto", *BEAM_SHAPED) and (colon or name != "auto"):
+        if name in ("tree", *BEAM_SHAPED) or (name == "auto" and colon):
             out.append(MethodSpec(item, name, None, _shape_options(name, item, k) if colon else ()))
             continue
         if colon and (not k.isdigit() or int(k) < 1):
@@ -336,14 +336,14 @@ def run_bench(
                     else:
                         _mark_divergence(engine, runs[m.label][-1], ref, tokens, gaps)
 
-    report = _report(specs, runs, skipped, target=str(target), draft=str(draft) if uses_draft else None, suite=suite,
-                     max_tokens=max_tokens, threads=engine.n_threads, repack=engine.repack)
-    report.head = os.path.basename(head) if head else None
-    return report
+    return _report(specs, runs, skipped, target=str(target), draft=str(draft) if uses_draft else None, suite=suite,
+                   max_tokens=max_tokens, threads=engine.n_threads, repack=engine.repack,
+                   head=os.path.basename(head) if head else None)
 
 
 def _report(specs: list[MethodSpec], runs: dict[str, list[PromptRun]], skipped: dict[str, str], *, target: str,
-            draft: str | None, suite: str, max_tokens: int, threads: int, repack: bool) -> BenchReport:
+            draft: str | None, suite: str, max_tokens: int, threads: int, repack: bool,
+            head: str | None = None) -> BenchReport:
     peers = [m.label for m in specs if m.is_peer]
     modes = [m.label for m in specs if m.is_llama_cpp]
     results = [summarize(m.label, m.n_draft if m.n_draft is not None else _default_n_draft(m.name), m.is_peer,
@@ -357,7 +357,7 @@ def _report(specs: list[MethodSpec], runs: dict[str, list[PromptRun]], skipped: 
         auto_vs_best_llama_cpp=by_label["auto"].decode_speedup_vs_best_llama_cpp if "auto" in by_label else None,
         auto_vs_best_llama_cpp_within_limit=(versus_best_llama_cpp(runs["auto"], runs, modes, decode_within_limit)
                                              if "auto" in runs else None),
-        none_vs_llama_cpp=by_label["none"].decode_speedup_vs_llama_cpp,
+        none_vs_llama_cpp=by_label["none"].decode_speedup_vs_llama_cpp, head=head,
     )  # fmt: skip
 
 

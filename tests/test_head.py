@@ -91,12 +91,24 @@ def test_training_improves_held_out_prediction(head_files: dict[str, object]) ->
     assert after["chain"][1] > before["chain"][1]
 
 
-def test_bench_with_a_head(tiny_target: str, head_files: dict[str, object], tmp_path: Path) -> None:
+def test_bench_with_a_head(tiny_target: str, head_files: dict[str, object], tmp_path: Path,
+                           monkeypatch: pytest.MonkeyPatch) -> None:
     """`pyspec bench --head`: redrafter drafts with the head, auto:no-head never does, every
     method's greedy output equals none's; redrafter without a head and a missing head file are
     refused before anything runs."""
     from pyspec.bench import format_markdown, run_bench
 
+    # What each method asked generate() for: auto:no-head must reach the engine as auto_head=False
+    # (the tiny head may well not pay under the tiny model's real costs, so "no head chains" alone
+    # would not show it).
+    asked = []
+    generate = pyspec.Engine.generate
+
+    def recording(self, *args, **kwargs):
+        asked.append((kwargs.get("method"), kwargs.get("auto_head")))
+        return generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(pyspec.Engine, "generate", recording)
     prompts = PROMPTS[:2]
     report = run_bench(tiny_target, None, prompts, max_tokens=24, methods="none,redrafter:2x3,auto,auto:no-head",
                        n_threads=2, n_ctx=512, progress=False, head=head_files["files"]["f32"])
@@ -105,6 +117,8 @@ def test_bench_with_a_head(tiny_target: str, head_files: dict[str, object], tmp_
     assert all(r.greedy_identical == len(prompts) for r in report.results), format_markdown(report)
     assert sum(x.n_head_drafts for x in by["redrafter:2x3"].per_prompt) > 0
     assert all(x.n_head_drafts == 0 for x in by["auto:no-head"].per_prompt)
+    assert asked.count(("auto", False)) == len(prompts) + 1  # its warm-up and its runs
+    assert asked.count(("auto", None)) == len(prompts) + 1
     with pytest.raises(ValueError, match="redrafter need a draft head"):
         run_bench(tiny_target, None, prompts, methods="none,redrafter", progress=False)
     with pytest.raises(FileNotFoundError, match="does not exist"):
@@ -120,6 +134,8 @@ def test_bf16_training_learns_as_float32_does(head_files: dict[str, object]) -> 
                        TrainConfig(epochs=6, batch_size=64, lr=3e-3, eval_every=10**6, bf16=True),
                        head_files["dir"] / "train_bf16", held_out_answers=head_files["held_out"])
     before, f32, bf16 = head_files["before"], head_files["after"], state.history[-1]
+    # The same seed, data and steps: bfloat16 products make a different (if close) head.
+    assert bf16["loss"] != f32["loss"]
     # The target's answers evaluated apart (here the same held-out set): the same figures.
     assert bf16["answers"] == {k: bf16[k] for k in ("loss", "acc", "chain")}
     assert all(p.dtype == torch.float32 for p in head.parameters())
@@ -309,7 +325,7 @@ def test_train_head_command_makes_data_trains_resumes_and_exports(tmp_path: Path
     GGUF; a last run finds nothing to do, and `pyspec generate --head` drafts with the result."""
     import json
 
-    from pyspec.head.data import load_prompt_slices
+    from pyspec.data import load_prompt_slices
 
     args = ["train-head", "--target", tiny_target, "--data", str(tmp_path / "data"), "--out", str(tmp_path / "h.gguf"),
             "--prompts", "humaneval[0:8]", "--max-tokens", "24", "--kept-vocab", "200", "--epochs", "3",
@@ -372,7 +388,8 @@ def test_reference_sequences_are_the_targets_rows_over_the_reference_text(tmp_pa
     evaluated once; the stored rows start at the end of the chat template's preamble and hold the
     target's own hidden states and distributions there. Prompts without a reference (MT-Bench)
     are answered by the target."""
-    from pyspec.head.data import iter_sequences, load_prompt_slices, reference_answer
+    from pyspec.data import load_prompt_slices
+    from pyspec.head.data import iter_sequences, reference_answer
 
     prompts = load_prompt_slices(["humaneval[0:2]", "gsm8k[0:2]", "mtbench[0:1]"])
     plan = plan_sequences(prompts, (0.0,), 1, reference=True)
