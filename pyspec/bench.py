@@ -166,7 +166,7 @@ def _top2_gap_one_token(engine: "Engine", tokens: list[int]) -> float:
     from .engine import Engine
 
     with Engine(engine.target_path, n_ctx=engine.n_ctx, n_batch=1, n_threads=engine.n_threads,
-                n_gpu_layers=engine.n_gpu_layers, repack=engine.repack, prefix_cache=False) as one:
+                n_gpu_layers=engine.n_gpu_layers, repack=engine.repack_mode, prefix_cache=False) as one:
         return _top2_gap(one, tokens)
 
 
@@ -232,6 +232,7 @@ def run_bench(
     from tqdm import tqdm
 
     from .engine import Engine
+    from .llamacpp import tools_can_repack
     from .llamacpp_run import ToolSettings, write_prompt
     from .models import resolve_model
 
@@ -277,14 +278,20 @@ def run_bench(
         # llama-cpp-python keeps a [n_ctx, n_vocab] float32 logits array when a draft model is
         # set (2.5 GB for Qwen at 4096): size its context to what the prompts need.
         peer_ctx = min(n_ctx, max(len(t) for _, t, _ in inputs) + max_tokens + 64)
-        tool_settings = ToolSettings(model=target_path, n_ctx=n_ctx, n_threads=engine.n_threads, repack=engine.repack,
+        tools_repack = bool(engine.repack and bin_dir is not None and tools_can_repack(bin_dir))
+        if engine.repack and bin_dir is not None and not tools_repack:
+            log.warning("the llama.cpp tools in %s were built with AMX and must run with repacking off here, "
+                        "while pyspec repacks its weights: the comparison is not at equal settings. "
+                        "Build them without AMX: python benchmarks/build_llama_cpp.py", bin_dir)
+        tool_settings = ToolSettings(model=target_path, n_ctx=n_ctx, n_threads=engine.n_threads, repack=tools_repack,
                                      flash_attn=False, n_ubatch=ENGINE_N_BATCH, n_gpu_layers=engine.n_gpu_layers)
         python_peers: dict[str, PythonPeer] = {}
         tool_peers: dict[str, LlamaCppPeer] = {}
         for m in specs:
             if m.name in PYTHON_PEERS:
                 python_peers[m.label] = PythonPeer(target_path, n_ctx=peer_ctx, n_threads=engine.n_threads,
-                                                   repack=engine.repack, n_draft=m.n_draft, pld=m.name == "peer-pld")
+                                                   repack=engine.repack_mode == "all", n_draft=m.n_draft,
+                                                   pld=m.name == "peer-pld")
                 stack.callback(python_peers[m.label].close)
             elif m.is_llama_cpp:
                 assert bin_dir is not None
@@ -337,13 +344,13 @@ def run_bench(
                         _mark_divergence(engine, runs[m.label][-1], ref, tokens, gaps)
 
     return _report(specs, runs, skipped, target=str(target), draft=str(draft) if uses_draft else None, suite=suite,
-                   max_tokens=max_tokens, threads=engine.n_threads, repack=engine.repack,
-                   head=os.path.basename(head) if head else None)
+                   max_tokens=max_tokens, threads=engine.n_threads, repack=engine.repack_mode,
+                   llama_cpp_repack=tools_repack if tool_peers else None, head=os.path.basename(head) if head else None)
 
 
 def _report(specs: list[MethodSpec], runs: dict[str, list[PromptRun]], skipped: dict[str, str], *, target: str,
-            draft: str | None, suite: str, max_tokens: int, threads: int, repack: bool,
-            head: str | None = None) -> BenchReport:
+            draft: str | None, suite: str, max_tokens: int, threads: int, repack: bool | str,
+            llama_cpp_repack: bool | None = None, head: str | None = None) -> BenchReport:
     peers = [m.label for m in specs if m.is_peer]
     modes = [m.label for m in specs if m.is_llama_cpp]
     results = [summarize(m.label, m.n_draft if m.n_draft is not None else _default_n_draft(m.name), m.is_peer,
@@ -352,7 +359,7 @@ def _report(specs: list[MethodSpec], runs: dict[str, list[PromptRun]], skipped: 
     best = best_llama_cpp_runs(runs, modes)
     return BenchReport(
         target=target, draft=draft, suite=suite, n=len(runs["none"]), max_tokens=max_tokens, threads=threads,
-        repack=repack, methods=[m.label for m in specs], results=results, skipped=skipped, llama_cpp_modes=modes,
+        repack=repack, llama_cpp_repack=llama_cpp_repack, methods=[m.label for m in specs], results=results, skipped=skipped, llama_cpp_modes=modes,
         best_llama_cpp_mode={x.prompt_id: x.method for x in best if x is not None},
         auto_vs_best_llama_cpp=by_label["auto"].decode_speedup_vs_best_llama_cpp if "auto" in by_label else None,
         auto_vs_best_llama_cpp_within_limit=(versus_best_llama_cpp(runs["auto"], runs, modes, decode_within_limit)

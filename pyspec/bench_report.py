@@ -94,7 +94,7 @@ class BenchReport:
     n: int
     max_tokens: int
     threads: int
-    repack: bool
+    repack: bool | str  # the engine's Engine.repack_mode (True / False in reports written before it)
     methods: list[str]
     results: list[MethodSummary]
     skipped: dict[str, str] = field(default_factory=dict)  # method -> why it did not run
@@ -105,6 +105,7 @@ class BenchReport:
     auto_vs_best_llama_cpp_within_limit: float | None = None
     none_vs_llama_cpp: float | None = None  # none vs llama.cpp plain, decode tok/s, median of ratios
     head: str | None = None  # the engine's draft head, when given
+    llama_cpp_repack: bool | None = None  # whether llama.cpp's tools ran with weight repacking (None: no tools ran)
     timing: str = TIMING_NOTE
     decode_timing: str = DECODE_NOTE
     speedup: str = SPEEDUP_NOTE
@@ -202,6 +203,12 @@ def _ratio(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}x"
 
 
+def _repack_text(repack: bool | str) -> str:
+    if isinstance(repack, bool):
+        return "on" if repack else "off"
+    return {"all": "on", "weights": "weights only (no AMX)"}.get(repack, repack)
+
+
 def format_markdown(report: BenchReport, python_peers: tuple[str, ...] = ("peer-llama-cpp", "peer-pld")) -> str:
     peers = [r.method for r in report.results if r.method.split(":")[0] in python_peers]
     with_llama_cpp = bool(report.llama_cpp_modes)
@@ -210,7 +217,9 @@ def format_markdown(report: BenchReport, python_peers: tuple[str, ...] = ("peer-
         f"target {report.target}, draft {report.draft or '-'}" + (f", head {report.head}" if report.head else "")
         + f", suite {report.suite} ({report.n} prompts), "
         f"greedy, chat template, {report.max_tokens} new tokens at most, {report.threads} threads, "
-        f"repack {'on' if report.repack else 'off'}",
+        f"repack {_repack_text(report.repack)}"
+        + (f", llama.cpp's tools repack {'on' if report.llama_cpp_repack else 'off'}"
+           if report.llama_cpp_repack is not None else ""),
         f"{report.timing}; {report.decode_timing}; {report.speedup}; tok/s is the median (min-max) over prompts; "
         f"{report.identity}." + (f" {BEST_MODE_NOTE}." if with_llama_cpp else ""),
         "",

@@ -98,7 +98,8 @@ def cache_key(engine: "Engine", draft: str | None) -> dict[str, Any]:
         "model": str(engine._core.cost_signature(draft is not None, draft or "")),
         "n_threads": engine.n_threads,
         "n_gpu_layers": engine.n_gpu_layers,
-        "repack": engine.repack,
+        # "all" and "off" as the booleans older caches hold, so that their curves stay found
+        "repack": {"all": True, "off": False}.get(engine.repack_mode, engine.repack_mode),
         "backend": hashlib.sha256(str(engine._core.system_info()).encode()).hexdigest()[:16],
     }
 

@@ -47,6 +47,21 @@ def cpu_has_amx() -> bool:
     return False
 
 
+REPACK_MODES = ("all", "weights", "off")
+
+
+def repack_mode(repack: bool | str | None) -> str:
+    """Engine(repack=...) as one of REPACK_MODES (see Engine): None picks "weights" on CPUs with
+    AMX and "all" elsewhere; True is "all", False "off"."""
+    if repack is None:
+        return "weights" if cpu_has_amx() else "all"
+    if isinstance(repack, bool):
+        return "all" if repack else "off"
+    if repack not in REPACK_MODES:
+        raise InvalidArgumentError(f"repack must be None, True, False or one of {', '.join(REPACK_MODES)}; got {repack!r}")
+    return repack
+
+
 N_GPU_LAYERS_ENV = "PYSPEC_N_GPU_LAYERS"
 
 
@@ -111,8 +126,12 @@ class Engine:
     model's KV cache between requests and evaluate only the part of a new prompt after the
     longest token prefix it shares with what the cache holds (a chat resending its history pays
     only for the new turn); False clears the cache at every request. repack: llama.cpp's weight
-    repacking for the CPU (faster one-token decoding); None = on, except on CPUs with AMX, where
-    ggml's AMX kernels (part of the same mechanism) crash with SIGILL on the machines we measured.
+    repacking for the CPU (ggml's extra CPU buffer types: faster decoding, one token and batched).
+    "all" (or True): every extra buffer type llama.cpp offers; "weights": the matmul weights ggml
+    repacks on x86 (Q4_0, Q4_K, IQ4_NL, ...) alone, without the AMX buffer type; "off" (or False):
+    none. None = "all", except on CPUs with AMX, where ggml's AMX kernels crash with SIGILL on the
+    machines we measured: "weights" there (one target token 60 ms instead of 79 with "off" on the
+    Intel AMX development machine, docs/cost-curves.md). `repack_mode` says which is in use.
     pool_capacity: phrases the engine's phrase pool keeps at most (least recently useful ones are
     evicted beyond it); None = the engine's default, 65,536 phrases, at most about 13 MB when full
     (pool_stats()["memory_bytes"] says what it takes now);
@@ -129,7 +148,7 @@ class Engine:
         n_threads: int | None = None,
         n_gpu_layers: int | None = None,
         seed: int = 0,
-        repack: bool | None = None,
+        repack: bool | str | None = None,
         drafts: Mapping[str, str | os.PathLike[str]] | None = None,
         prefix_cache: bool = True,
         head: str | os.PathLike[str] | None = None,
@@ -139,14 +158,16 @@ class Engine:
         self.draft_path = _resolve(draft) if draft is not None else None
         threads = n_threads if n_threads is not None else (os.cpu_count() or 1)
         n_gpu_layers = default_n_gpu_layers() if n_gpu_layers is None else n_gpu_layers
-        self.repack = (not cpu_has_amx()) if repack is None else bool(repack)
+        self.repack_mode = repack_mode(repack)
+        self.repack = self.repack_mode != "off"  # some repacking in use
         if pool_capacity is not None and (isinstance(pool_capacity, bool) or not isinstance(pool_capacity, int)
                                           or pool_capacity < 1):
             raise InvalidArgumentError(f"pool_capacity must be a whole number of phrases >= 1, got {pool_capacity!r}")
         try:
             self._core: Any = _core.Engine(
                 self.target_path, self.draft_path or "", n_ctx, n_batch, threads, n_gpu_layers, 1,
-                self.repack, seed, reuse_prefix=bool(prefix_cache), pool_capacity=pool_capacity,
+                self.repack_mode == "all", seed, reuse_prefix=bool(prefix_cache), pool_capacity=pool_capacity,
+                repack_weights=self.repack_mode == "weights",
             )
         finally:
             _forward_llama_logs()

@@ -9,6 +9,12 @@ defaults otherwise: a native CPU build, as llama-cpp-python's) and builds `llama
 `llama-speculative-simple` and `llama-bench` into ``$PYSPEC_CACHE/llama.cpp/0c1e570/bin``
 (~10 minutes on 2 cores, once). `find_tools` looks there, or in ``$PYSPEC_LLAMA_CPP_BIN``.
 
+On a CPU with AMX the native build's AMX kernels crash (README, Notes), and a native build can
+then run only with weight repacking off, which makes its decoding slower than it need be. There
+the tools are built without AMX instructions (``0c1e570-noamx/bin``, marked by a file AMX_OFF),
+so that they can repack their weights as pyspec's engine does (`Engine(repack=None)` repacks the
+matmul weights without AMX there): the peers run at their best, with the engine's setting.
+
 Running and reading the tools' reports is in `pyspec.llamacpp_run`.
 """
 
@@ -29,6 +35,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from .engine import cpu_has_amx
 from .errors import SpecError
 from .fetch import PIP_ARGS_ENV, Cache
 
@@ -45,6 +52,10 @@ CMAKE_OPTIONS = (
     # Static: the three executables are self-contained and the build tree can be deleted.
     "-DBUILD_SHARED_LIBS=OFF",
 )
+# Appended to a native build's flags on AMX CPUs: GCC and Clang let an explicit -mno-* win over
+# the -march=native that ggml adds, so the build keeps every other native instruction.
+NO_AMX_FLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+AMX_OFF_MARKER = "AMX_OFF"
 LOG_TAIL_LINES = 25
 BUILD_HINT = (
     "build them once with `python benchmarks/build_llama_cpp.py` (in a pyspec checkout) or "
@@ -62,8 +73,16 @@ class LlamaCppToolsMissing(LlamaCppToolsError):
 
 
 def tools_dir(cache: Cache | None = None) -> Path:
-    """Where `build_tools` puts the tools: ``$PYSPEC_CACHE/llama.cpp/<commit>/bin``."""
-    return (cache or Cache.default()).root / "llama.cpp" / LLAMA_CPP_COMMIT / "bin"
+    """Where `build_tools` puts the tools: ``$PYSPEC_CACHE/llama.cpp/<commit>/bin``, or
+    ``<commit>-noamx/bin`` on a CPU with AMX (module docstring)."""
+    variant = LLAMA_CPP_COMMIT + ("-noamx" if cpu_has_amx() else "")
+    return (cache or Cache.default()).root / "llama.cpp" / variant / "bin"
+
+
+def tools_can_repack(directory: str | os.PathLike[str]) -> bool:
+    """Whether the tools in `directory` can run with llama.cpp's weight repacking on this CPU: on
+    any CPU without AMX; with AMX only when built without it (the AMX_OFF marker of build_tools)."""
+    return not cpu_has_amx() or (Path(directory) / AMX_OFF_MARKER).is_file()
 
 
 def _missing(directory: Path) -> list[str]:
@@ -190,7 +209,10 @@ def build_tools(cache: Cache | None = None, *, jobs: int | None = None, force: b
         with tempfile.TemporaryDirectory(prefix="build-", dir=root) as work:
             source = _extract(sdist, Path(work))
             build = Path(work) / "build"
-            _run_logged(["cmake", "-S", str(source), "-B", str(build), *CMAKE_OPTIONS], log_file,
+            options = list(CMAKE_OPTIONS)
+            if cpu_has_amx():
+                options += [f"-DCMAKE_C_FLAGS={NO_AMX_FLAGS}", f"-DCMAKE_CXX_FLAGS={NO_AMX_FLAGS}"]
+            _run_logged(["cmake", "-S", str(source), "-B", str(build), *options], log_file,
                         "configuring llama.cpp with cmake")
             _run_logged(["cmake", "--build", str(build), "--config", "Release", "-j", str(jobs or os.cpu_count() or 1),
                          "--target", *TOOLS], log_file, "building llama.cpp's tools")
@@ -202,6 +224,8 @@ def build_tools(cache: Cache | None = None, *, jobs: int | None = None, force: b
                 if not built.is_file():
                     raise LlamaCppToolsError(f"the build reported success but {built} is missing; see {log_file}")
                 shutil.copy2(built, staged / tool)
+            if cpu_has_amx():
+                (staged / AMX_OFF_MARKER).write_text(f"built with {NO_AMX_FLAGS}\n", encoding="utf-8")
             shutil.rmtree(final, ignore_errors=True)
             os.replace(staged, final)
         log.info("llama.cpp tools built in %s", final)

@@ -6,7 +6,7 @@ and one token at a time (n_batch=1, as plain decoding does). At every answer pos
 compares the two rows: argmax flips, the top-2 logit gap of both evaluations at each flip, and the
 largest absolute logit difference. Not a timing: run it with /work/tools/heavy, not quiet.
 
-    python scripts/numerics.py --k 4 8 16 --prompts humaneval:HumanEval/0 mtbench:mtbench/85 --repack both
+    python scripts/numerics.py --k 4 8 16 --prompts humaneval:HumanEval/0 mtbench:mtbench/85 --repack weights off
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import numpy as np
 import pyspec
 from pyspec.config import DEFAULT_TARGET
 from pyspec.data import load_suite
+from pyspec.engine import REPACK_MODES, repack_mode
 
 
 def top2_gap(row: np.ndarray) -> float:
@@ -37,7 +38,7 @@ def find_prompt(spec: str) -> Any:
     raise SystemExit(f"no prompt {prompt_id!r} in suite {suite!r}")
 
 
-def answer_logits(target: str, tokens: list[int], n_batch: int, repack: bool, threads: int) -> np.ndarray:
+def answer_logits(target: str, tokens: list[int], n_batch: int, repack: str, threads: int) -> np.ndarray:
     """All rows of `tokens` evaluated from an empty cache in chunks of n_batch: [n_tokens, n_vocab]."""
     with pyspec.Engine(target, n_ctx=2048, n_batch=n_batch, n_threads=threads, repack=repack) as engine:
         return engine.evaluate(tokens, all_rows=True)
@@ -64,12 +65,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="suite:id of each prompt")
     p.add_argument("--k", nargs="+", type=int, default=[4, 8, 16])
     p.add_argument("--max-tokens", type=int, default=160)
-    p.add_argument("--repack", choices=["on", "off", "both"], default="both")
+    p.add_argument("--repack", nargs="+", choices=list(REPACK_MODES), default=[repack_mode(None), "off"],
+                   help="Engine repack modes to compare (default: the engine's default here, and off)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", help="write the results as JSON here")
     args = p.parse_args(argv)
 
-    repacks = {"on": [True], "off": [False], "both": [True, False]}[args.repack]
+    repacks = list(dict.fromkeys(args.repack))
     results = []
     for prompt_id in args.prompts:
         prompt = find_prompt(prompt_id)
@@ -84,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                 row.update(prompt=prompt_id, repack=repack, k=k, n_answer_tokens=len(plain.tokens))
                 results.append(row)
                 gaps = ", ".join(f"{f['gap_one_token']:.3f}/{f['gap_batched']:.3f}" for f in row["flips"])
-                print(f"{prompt_id:24s} repack={'on ' if repack else 'off'} k={k:2d}: {row['n_flips']} flips "
+                print(f"{prompt_id:24s} repack={repack:7s} k={k:2d}: {row['n_flips']} flips "
                       f"in {row['n_positions']} positions (top-2 gaps one-token/batched: {gaps or '-'}), "
                       f"max |dlogit| {row['max_abs_logit_diff']:.4f}", flush=True)
     if args.out:

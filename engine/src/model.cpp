@@ -3,12 +3,15 @@
 #include <algorithm>
 #include <climits>
 #include <cstring>
+#include <cstdio>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <string_view>
 #include <thread>
 #include <unordered_map>
 
+#include "ggml-backend.h"
 #include "gguf.h"
 #include "llama.h"
 #include "spec/error.h"
@@ -63,6 +66,97 @@ void check_unique_token_texts(const std::string& path) {
     }
 }
 
+// ggml's weight repacking alone, without its AMX buffer type. Where the CPU has AMX, the Python
+// layer turns llama.cpp's extra buffer types off (their AMX kernels fault on the development
+// machines, README Notes) and repacking went with them, although repacked weights make batched
+// matmuls, so verification, much cheaper on x86. This puts the matmul weights that ggml repacks on
+// x86 into its CPU_REPACK buffer type by name. The rule mirrors ggml_repack_get_optimal_repack_type
+// at the pinned llama.cpp (ggml-cpu/repack.cpp): Q4_0, Q4_K, IQ4_NL and MXFP4 with AVX2, Q2_K with
+// AVX-512, rows a multiple of 8; a tensor it would refuse must not be sent there (ggml would
+// dereference a null repack routine). Only the attention and feed-forward projections of the
+// repeating blocks and the output matrix: tensors read by matmuls alone (token_embd is also read
+// row by row and stays where it is). Empty when the CPU backend offers no CPU_REPACK.
+struct RepackOverrides {
+    std::vector<std::string> patterns;                     // one regex per block, owning the strings
+    std::vector<llama_model_tensor_buft_override> list;    // null-terminated, as llama.cpp reads it
+    int32_t n_tensors = 0;
+};
+
+ggml_backend_buffer_type_t cpu_repack_buffer_type(bool* avx2, bool* avx512) {
+    *avx2 = *avx512 = false;
+    ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    if (!cpu) return nullptr;
+    ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(cpu);
+    if (auto get_features = reinterpret_cast<ggml_backend_get_features_t>(
+            ggml_backend_reg_get_proc_address(reg, "ggml_backend_get_features"))) {
+        for (const ggml_backend_feature* f = get_features(reg); f && f->name; ++f) {
+            if (std::strcmp(f->value, "1") != 0) continue;
+            if (std::strcmp(f->name, "AVX2") == 0) *avx2 = true;
+            if (std::strcmp(f->name, "AVX512") == 0) *avx512 = true;
+        }
+    }
+    auto get_extra = reinterpret_cast<ggml_backend_dev_get_extra_bufts_t>(
+        ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts"));
+    if (!get_extra) return nullptr;
+    for (ggml_backend_buffer_type_t* b = get_extra(cpu); b && *b; ++b) {
+        if (std::strcmp(ggml_backend_buft_name(*b), "CPU_REPACK") == 0) return *b;
+    }
+    return nullptr;
+}
+
+bool x86_repacks(const ggml_tensor* t, bool avx2, bool avx512) {
+    if (ggml_n_dims(t) != 2 || t->ne[1] % 8 != 0) return false;
+    switch (t->type) {
+        case GGML_TYPE_Q4_0: case GGML_TYPE_Q4_K: case GGML_TYPE_IQ4_NL: case GGML_TYPE_MXFP4: return avx2;
+        case GGML_TYPE_Q2_K: return avx512;
+        default: return false;
+    }
+}
+
+RepackOverrides repack_overrides(const std::string& path) {
+    RepackOverrides out;
+    bool avx2 = false, avx512 = false;
+    ggml_backend_buffer_type_t repack = cpu_repack_buffer_type(&avx2, &avx512);
+    if (!repack || !avx2) return out;
+    ggml_context* meta = nullptr;
+    const gguf_init_params params{/*no_alloc=*/true, /*ctx=*/&meta};
+    const std::unique_ptr<gguf_context, decltype(&gguf_free)> file(gguf_init_from_file(path.c_str(), params), &gguf_free);
+    if (!file || !meta) return out;
+    static const char* const kProjections[] = {"attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output",
+                                               "ffn_gate", "ffn_up", "ffn_down"};
+    std::map<int, std::vector<std::string>> by_block;  // block -> its repackable projections
+    bool output = false;
+    for (ggml_tensor* t = ggml_get_first_tensor(meta); t; t = ggml_get_next_tensor(meta, t)) {
+        if (!x86_repacks(t, avx2, avx512)) continue;
+        const std::string name = ggml_get_name(t);
+        if (name == "output.weight") {
+            output = true;
+            ++out.n_tensors;
+            continue;
+        }
+        int block = -1;
+        char projection[32] = {0};
+        if (std::sscanf(name.c_str(), "blk.%d.%31[a-z_].weight", &block, projection) != 2) continue;
+        if (name != "blk." + std::to_string(block) + "." + projection + ".weight") continue;
+        for (const char* p : kProjections) {
+            if (std::strcmp(p, projection) == 0) {
+                by_block[block].push_back(projection);
+                ++out.n_tensors;
+            }
+        }
+    }
+    ggml_free(meta);
+    for (const auto& [block, names] : by_block) {
+        std::string pattern = "^blk\\." + std::to_string(block) + "\\.(";
+        for (size_t i = 0; i < names.size(); ++i) pattern += (i ? "|" : "") + names[i];
+        out.patterns.push_back(pattern + ")\\.weight$");
+    }
+    if (output) out.patterns.push_back("^output\\.weight$");
+    for (const std::string& p : out.patterns) out.list.push_back({p.c_str(), repack});
+    out.list.push_back({nullptr, nullptr});
+    return out;
+}
+
 // Cheap checks before handing the file to llama.cpp, so the common mistakes get a plain message.
 void check_gguf_file(const std::string& path) {
     std::ifstream file(path, std::ios::binary);
@@ -110,6 +204,12 @@ Model::Model(const std::string& path, const ModelParams& params) : path_(path), 
     mparams.n_gpu_layers = params.n_gpu_layers;
     mparams.load_mode = params.use_mmap ? LLAMA_LOAD_MODE_MMAP : LLAMA_LOAD_MODE_NONE;
     mparams.use_extra_bufts = params.use_extra_bufts;
+    RepackOverrides repack;  // outlives the load: llama.cpp reads the patterns while loading
+    if (params.repack_weights && !params.use_extra_bufts && params.n_gpu_layers == 0) {
+        repack = repack_overrides(path);
+        if (repack.n_tensors > 0) mparams.tensor_buft_overrides = repack.list.data();
+    }
+    n_repacked_ = repack.n_tensors;
     model_ = llama_model_load_from_file(path.c_str(), mparams);
     if (!model_) throw ModelLoadError(with_reason("llama.cpp could not load model: " + path));
     // llama.cpp caps a causal model's batch at the context and reserves one output row per

@@ -27,6 +27,9 @@ struct ModelParams {
     // batched and one-token logits then differ more (docs/numerics.md), and ggml's AMX path
     // faults on some virtual machines: the Python layer turns it off where AMX is present.
     bool use_extra_bufts = true;
+    // With use_extra_bufts off on a CPU-only model: still repack the matmul weights ggml repacks on
+    // x86 (Q4_0, Q4_K, ... into its CPU_REPACK buffer type), without the AMX buffer type.
+    bool repack_weights = false;
     // Flash attention changes batched-vs-one-token logits by ~1e-2 on CPU (measured on the tiny
     // models: 6.5e-3 vs 9.4e-4 without), enough to flip near-ties; off unless asked for.
     bool flash_attn = false;
@@ -58,6 +61,8 @@ public:
     const ModelParams& params() const { return params_; }
     int32_t n_vocab() const { return n_vocab_; }
     int32_t n_ctx() const;
+    // Weight tensors placed in ggml's CPU_REPACK buffer type by ModelParams::repack_weights (0: none).
+    int32_t n_repacked() const { return n_repacked_; }
     int32_t n_layer() const;
     int32_t n_embd() const;
     std::string description() const;
@@ -150,6 +155,7 @@ private:
     llama_context* ctx_ = nullptr;
     const llama_vocab* vocab_ = nullptr;
     int32_t n_vocab_ = 0;
+    int32_t n_repacked_ = 0;
     int32_t n_outputs_ = 0;
     std::vector<int32_t> output_index_;  // output row i -> batch index
     bool hidden_output_ = false;         // llama_set_embeddings, as last set

@@ -1,0 +1,117 @@
+"""Engine(repack=...): the three modes, and "weights" (ggml's weight repacking without its AMX
+buffer type) on a tiny model quantized to a type ggml repacks on x86."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import pyspec
+from pyspec import _core
+from pyspec._models.tiny import build_tiny_model
+from pyspec.engine import REPACK_MODES, cpu_has_amx, repack_mode
+from pyspec.errors import InvalidArgumentError
+
+Q4_0 = 2  # llama_ftype LLAMA_FTYPE_MOSTLY_Q4_0
+
+
+def test_repack_mode_parsing(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert repack_mode(True) == "all" and repack_mode(False) == "off"
+    for mode in REPACK_MODES:
+        assert repack_mode(mode) == mode
+    monkeypatch.setattr(pyspec.engine, "cpu_has_amx", lambda: True)
+    assert repack_mode(None) == "weights"
+    monkeypatch.setattr(pyspec.engine, "cpu_has_amx", lambda: False)
+    assert repack_mode(None) == "all"
+    with pytest.raises(InvalidArgumentError, match="repack must be .*'amx'"):
+        repack_mode("amx")
+
+
+def _has_avx2() -> bool:
+    """Whether the CPU backend (the libllama the engine links) runs AVX2 kernels."""
+    import llama_cpp
+
+    return b"AVX2 = 1" in llama_cpp.llama_print_system_info()
+
+
+@pytest.fixture(scope="module")
+def q4_target(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tiny model with Q4_0 projections (widths multiples of 32 and of 8 rows, as ggml needs)."""
+    folder = tmp_path_factory.mktemp("repack")
+    f32 = build_tiny_model(folder / "wide.gguf", seed=5, n_embd=256, n_ff=512, n_head=4, n_head_kv=2)
+    out = folder / "wide-q4_0.gguf"
+    _core.quantize_model(str(f32), str(out), Q4_0, [])
+    return str(out)
+
+
+def test_weights_mode_repacks_only_what_ggml_repacks(q4_target: str, tiny_target: str) -> None:
+    """Q4_0 projections go to CPU_REPACK where the CPU has AVX2; f32 weights never do; "off" and
+    "all" place nothing by name (all: llama.cpp's own choice)."""
+    with pyspec.Engine(q4_target, n_ctx=256, n_threads=2, repack="weights") as engine:
+        assert engine.repack_mode == "weights" and engine.repack
+        n_blocks = engine._core.describe()[1]
+        if _has_avx2():
+            # the seven projections of every block (Q4_0; the tiny model ties its output matrix)
+            assert engine._core.n_repacked == 7 * n_blocks
+        else:
+            assert engine._core.n_repacked == 0
+    with pyspec.Engine(q4_target, n_ctx=256, n_threads=2, repack="off") as engine:
+        assert engine._core.n_repacked == 0 and not engine.repack
+    with pyspec.Engine(tiny_target, n_ctx=256, n_threads=2, repack="weights") as engine:
+        assert engine._core.n_repacked == 0  # f32: nothing ggml repacks
+
+
+@pytest.mark.skipif(not _has_avx2(), reason="ggml repacks Q4_0 on x86 only with AVX2")
+def test_weights_mode_computes_what_plain_kernels_compute(q4_target: str) -> None:
+    """Repacked Q4_0 matmuls give the logits of the plain Q4_0 kernels up to rounding, one token and
+    batched; greedy speculative output equals plain greedy output within the mode."""
+    prompt = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n" * 3
+    logits = {}
+    for mode in ("weights", "off"):
+        with pyspec.Engine(q4_target, n_ctx=512, n_threads=2, repack=mode) as engine:
+            tokens = engine.tokenize(prompt)
+            logits[mode] = engine.evaluate(tokens, all_rows=True)
+            if mode == "weights":
+                plain = engine.generate(prompt, max_tokens=48, method="none")
+                for method in ("lookup", "auto"):
+                    r = engine.generate(prompt, max_tokens=48, method=method)
+                    assert r.tokens == plain.tokens, method
+    diff = np.abs(logits["weights"] - logits["off"])
+    scale = np.abs(logits["off"]).max()
+    assert diff.max() <= 1e-2 * scale, (diff.max(), scale)
+    # not the same numbers bit for bit: the repacked kernels ran
+    assert diff.max() > 0.0
+
+
+@pytest.mark.skipif(not cpu_has_amx(), reason="the default differs only on CPUs with AMX")
+def test_default_on_amx_is_weights(q4_target: str) -> None:
+    with pyspec.Engine(q4_target, n_ctx=256, n_threads=2) as engine:
+        assert engine.repack_mode == "weights" and engine._core.n_repacked > 0
+
+
+def test_calibration_key_tells_modes_apart(q4_target: str) -> None:
+    """Curves measured under one mode are never used under another ("all"/"off" keep the
+    booleans of caches written before the modes existed)."""
+    from pyspec import calibration
+
+    keys = {}
+    for mode in ("weights", "off"):
+        with pyspec.Engine(q4_target, n_ctx=256, n_threads=2, repack=mode) as engine:
+            keys[mode] = calibration.cache_key(engine, None)
+    assert keys["weights"]["repack"] == "weights" and keys["off"]["repack"] is False
+    assert calibration.cache_file(keys["weights"]) != calibration.cache_file(keys["off"])
+
+
+def test_tools_repack_only_when_built_without_amx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pyspec import llamacpp
+
+    monkeypatch.setattr(llamacpp, "cpu_has_amx", lambda: True)
+    assert not llamacpp.tools_can_repack(tmp_path)
+    assert llamacpp.tools_dir().parent.name.endswith("-noamx")
+    (tmp_path / llamacpp.AMX_OFF_MARKER).write_text("built with -mno-amx-tile\n")
+    assert llamacpp.tools_can_repack(tmp_path)
+    monkeypatch.setattr(llamacpp, "cpu_has_amx", lambda: False)
+    assert llamacpp.tools_can_repack(tmp_path / "elsewhere")
+    assert not llamacpp.tools_dir().parent.name.endswith("-noamx")
