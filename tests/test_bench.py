@@ -193,6 +193,12 @@ def test_ratios_against_the_best_llama_cpp_mode_of_each_prompt() -> None:
     assert "none / llama.cpp plain 0.91x" in table
     assert "| s/0 | 100 | 10.0 | 30.0 | 11.0 | 20.0 | 24.0 | llama.cpp-ngram-simple | 1.25x |" in table
     assert "| decode tok/s | decode vs none | decode vs llama.cpp | decode vs best llama.cpp mode |" in table
+    # the repacking settings of both sides are stated (on AMX CPUs they can differ, pyspec.llamacpp)
+    assert "repack on" in table.splitlines()[0] and "llama.cpp's tools" not in table.splitlines()[0]
+    weights = _report(specs, runs, {}, target="t", draft=None, suite="s", max_tokens=50, threads=2,
+                      repack="weights", llama_cpp_repack=False)
+    assert format_markdown(weights).splitlines()[0].endswith(
+        "repack weights only (no AMX), llama.cpp's tools repack off")
 
 
 def test_divergence_off_a_near_tie_is_measured_again_one_token_at_a_time(
