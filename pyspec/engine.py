@@ -130,7 +130,7 @@ class Engine:
     "all" (or True): every extra buffer type llama.cpp offers; "weights": the matmul weights ggml
     repacks on x86 (Q4_0, Q4_K, IQ4_NL, ...) alone, without the AMX buffer type; "off" (or False):
     none. None = "all", except on CPUs with AMX, where ggml's AMX kernels crash with SIGILL on the
-    machines we measured: "weights" there (one target token 60 ms instead of 79 with "off" on the
+    machines we measured: "weights" there (one target token 62 ms instead of 79 with "off" on the
     Intel AMX development machine, docs/cost-curves.md). `repack_mode` says which is in use.
     pool_capacity: phrases the engine's phrase pool keeps at most (least recently useful ones are
     evicted beyond it); None = the engine's default, 65,536 phrases, at most about 13 MB when full
