@@ -159,7 +159,6 @@ class Engine:
         threads = n_threads if n_threads is not None else (os.cpu_count() or 1)
         n_gpu_layers = default_n_gpu_layers() if n_gpu_layers is None else n_gpu_layers
         self.repack_mode = repack_mode(repack)
-        self.repack = self.repack_mode != "off"  # some repacking in use
         if pool_capacity is not None and (isinstance(pool_capacity, bool) or not isinstance(pool_capacity, int)
                                           or pool_capacity < 1):
             raise InvalidArgumentError(f"pool_capacity must be a whole number of phrases >= 1, got {pool_capacity!r}")
@@ -206,6 +205,11 @@ class Engine:
     @property
     def closed(self) -> bool:
         return bool(self._core.closed)
+
+    @property
+    def repack(self) -> bool:
+        """Whether any weight repacking is in use (repack_mode is not "off")."""
+        return self.repack_mode != "off"
 
     @property
     def has_draft(self) -> bool:

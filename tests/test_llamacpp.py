@@ -19,7 +19,7 @@ from pyspec.bench_report import format_markdown
 from pyspec.fetch import Cache
 from pyspec.llamacpp import LlamaCppToolsError, LlamaCppToolsMissing, find_tools
 from pyspec.llamacpp_run import (IncompleteOutput, ToolSettings, completion_args, parse_completion, parse_speculative,
-                                 speculative_args)
+                                 speculative_args, tool_env)
 
 from test_cli import pyspec_cli
 
@@ -112,6 +112,21 @@ def _fake_tools(directory: Path) -> Path:
         path.write_text("#!/bin/sh\nexit 0\n")
         path.chmod(path.stat().st_mode | stat.S_IXUSR)
     return directory
+
+
+def test_tools_get_huge_pages_as_the_engine_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """glibc's huge-page tunable is added to what GLIBC_TUNABLES holds (replacing an earlier
+    hugetlb value), LLAMA_* variables are dropped, and huge_pages=False leaves the tunables alone."""
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=0")
+    monkeypatch.setenv("LLAMA_ARG_THREADS", "7")
+    settings = ToolSettings(model="t.gguf", n_ctx=4096, n_threads=2, repack=True)
+    env = tool_env(settings)
+    assert env["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
+    assert "LLAMA_ARG_THREADS" not in env
+    off = tool_env(ToolSettings(model="t.gguf", n_ctx=4096, n_threads=2, repack=True, huge_pages=False))
+    assert off["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=0"
+    monkeypatch.delenv("GLIBC_TUNABLES")
+    assert tool_env(settings)["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
 
 
 def test_find_tools_says_how_to_build_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,13 +6,13 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
 #include <memory>
 #include <string_view>
 #include <thread>
 #include <unordered_map>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #include "ggml-backend.h"
 #include "gguf.h"
