@@ -33,6 +33,7 @@ from .bench_peers import (LLAMA_CPP_DEFAULT_N_DRAFT, LLAMA_CPP_DRAFT, LLAMA_CPP_
                           LlamaCppPeer, PythonPeer)
 from .bench_report import (BenchReport, MethodSummary, PromptRun, best_llama_cpp_runs, decode_within_limit,
                            format_markdown, plot, summarize, versus_best_llama_cpp, write_json)
+from .cli import add_engine_options, engine_options
 from .config import DEFAULT_DRAFT, DEFAULT_TARGET, METHODS_NEEDING_DRAFT, METHODS_NEEDING_HEAD
 
 if TYPE_CHECKING:
@@ -166,7 +167,8 @@ def _top2_gap_one_token(engine: "Engine", tokens: list[int]) -> float:
     from .engine import Engine
 
     with Engine(engine.target_path, n_ctx=engine.n_ctx, n_batch=1, n_threads=engine.n_threads,
-                n_gpu_layers=engine.n_gpu_layers, repack=engine.repack_mode, prefix_cache=False) as one:
+                n_gpu_layers=engine.n_gpu_layers, repack=engine.repack_mode, prefix_cache=False,
+                huge_pages=engine.huge_pages) as one:
         return _top2_gap(one, tokens)
 
 
@@ -217,6 +219,8 @@ def run_bench(
     llama_cpp_bin: str | None = None,
     n_gpu_layers: int | None = None,
     head: str | None = None,
+    repack: bool | str | None = None,
+    huge_pages: bool = True,
 ) -> BenchReport:
     """Runs every method on the same prompts, interleaved per prompt, greedy.
 
@@ -228,6 +232,8 @@ def run_bench(
     methods are skipped (BenchReport.skipped says why and how to build them). n_gpu_layers: as
     Engine's, for every method (llama.cpp's tools get the engine's value). head: a draft head GGUF
     for the engine (method redrafter needs one; auto then weighs it too, auto:no-head does not).
+    repack, huge_pages: as Engine's; llama.cpp's tools repack when the engine does (and their
+    build allows it) and get glibc's huge pages when the engine asks for them.
     """
     from tqdm import tqdm
 
@@ -266,7 +272,8 @@ def run_bench(
         # processing and flatter its wall-time tok/s).
         engine = stack.enter_context(Engine(target_path, draft=draft_path, n_ctx=n_ctx, n_batch=ENGINE_N_BATCH,
                                             n_threads=n_threads, n_gpu_layers=n_gpu_layers,
-                                            prefix_cache=False, head=head))
+                                            prefix_cache=False, head=head, repack=repack,
+                                            huge_pages=huge_pages))
         if any(m.name == "auto" for m in specs):
             engine.calibrate(progress=progress)  # cached curves, or measured now: not in the timings
         work_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pyspec-bench-")))
@@ -284,7 +291,8 @@ def run_bench(
                         "while pyspec repacks its weights: the comparison is not at equal settings. "
                         "Build them without AMX: python benchmarks/build_llama_cpp.py", bin_dir)
         tool_settings = ToolSettings(model=target_path, n_ctx=n_ctx, n_threads=engine.n_threads, repack=tools_repack,
-                                     flash_attn=False, n_ubatch=ENGINE_N_BATCH, n_gpu_layers=engine.n_gpu_layers)
+                                     flash_attn=False, n_ubatch=ENGINE_N_BATCH, n_gpu_layers=engine.n_gpu_layers,
+                                     huge_pages=engine.huge_pages)
         python_peers: dict[str, PythonPeer] = {}
         tool_peers: dict[str, LlamaCppPeer] = {}
         for m in specs:
@@ -345,12 +353,14 @@ def run_bench(
 
     return _report(specs, runs, skipped, target=str(target), draft=str(draft) if uses_draft else None, suite=suite,
                    max_tokens=max_tokens, threads=engine.n_threads, repack=engine.repack_mode,
-                   llama_cpp_repack=tools_repack if tool_peers else None, head=os.path.basename(head) if head else None)
+                   llama_cpp_repack=tools_repack if tool_peers else None, head=os.path.basename(head) if head else None,
+                   huge_pages=engine.huge_pages)
 
 
 def _report(specs: list[MethodSpec], runs: dict[str, list[PromptRun]], skipped: dict[str, str], *, target: str,
             draft: str | None, suite: str, max_tokens: int, threads: int, repack: bool | str,
-            llama_cpp_repack: bool | None = None, head: str | None = None) -> BenchReport:
+            llama_cpp_repack: bool | None = None, head: str | None = None,
+            huge_pages: bool | None = None) -> BenchReport:
     peers = [m.label for m in specs if m.is_peer]
     modes = [m.label for m in specs if m.is_llama_cpp]
     results = [summarize(m.label, m.n_draft if m.n_draft is not None else _default_n_draft(m.name), m.is_peer,
@@ -359,7 +369,7 @@ def _report(specs: list[MethodSpec], runs: dict[str, list[PromptRun]], skipped: 
     best = best_llama_cpp_runs(runs, modes)
     return BenchReport(
         target=target, draft=draft, suite=suite, n=len(runs["none"]), max_tokens=max_tokens, threads=threads,
-        repack=repack, llama_cpp_repack=llama_cpp_repack, methods=[m.label for m in specs], results=results, skipped=skipped, llama_cpp_modes=modes,
+        repack=repack, llama_cpp_repack=llama_cpp_repack, huge_pages=huge_pages, methods=[m.label for m in specs], results=results, skipped=skipped, llama_cpp_modes=modes,
         best_llama_cpp_mode={x.prompt_id: x.method for x in best if x is not None},
         auto_vs_best_llama_cpp=by_label["auto"].decode_speedup_vs_best_llama_cpp if "auto" in by_label else None,
         auto_vs_best_llama_cpp_within_limit=(versus_best_llama_cpp(runs["auto"], runs, modes, decode_within_limit)
@@ -434,7 +444,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     report = run_bench(
         args.target, args.draft, args.prompt or args.suite, n=args.n, max_tokens=args.max_tokens, methods=args.methods,
         n_draft=args.n_draft, n_threads=args.threads, n_ctx=args.n_ctx, progress=not args.no_progress,
-        llama_cpp_bin=args.llama_cpp_bin, n_gpu_layers=args.n_gpu_layers, head=args.head,
+        llama_cpp_bin=args.llama_cpp_bin, n_gpu_layers=args.n_gpu_layers, head=args.head, **engine_options(args),
     )
     for method, why in report.skipped.items():
         print(f"pyspec bench: skipped {method}: {why}", file=sys.stderr)
@@ -473,6 +483,7 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--n-gpu-layers", type=int, default=None,
                    help="layers to offload for every method, -1 all (GPU builds only; default "
                         "$PYSPEC_N_GPU_LAYERS, else 0)")
+    add_engine_options(p)  # the tools follow: repacking where their build allows it, glibc's huge pages
     p.add_argument("--llama-cpp-bin", default=None, metavar="DIR",
                    help="directory of llama.cpp's llama-completion and llama-speculative-simple (default: "
                         "$PYSPEC_LLAMA_CPP_BIN, else those built by benchmarks/build_llama_cpp.py)")

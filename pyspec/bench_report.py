@@ -106,6 +106,7 @@ class BenchReport:
     none_vs_llama_cpp: float | None = None  # none vs llama.cpp plain, decode tok/s, median of ratios
     head: str | None = None  # the engine's draft head, when given
     llama_cpp_repack: bool | None = None  # whether llama.cpp's tools ran with weight repacking (None: no tools ran)
+    huge_pages: bool | None = None  # Engine.huge_pages, which the tools' GLIBC_TUNABLES follow (None: older reports)
     timing: str = TIMING_NOTE
     decode_timing: str = DECODE_NOTE
     speedup: str = SPEEDUP_NOTE
@@ -219,7 +220,8 @@ def format_markdown(report: BenchReport, python_peers: tuple[str, ...] = ("peer-
         f"greedy, chat template, {report.max_tokens} new tokens at most, {report.threads} threads, "
         f"repack {_repack_text(report.repack)}"
         + (f", llama.cpp's tools repack {'on' if report.llama_cpp_repack else 'off'}"
-           if report.llama_cpp_repack is not None else ""),
+           if report.llama_cpp_repack is not None else "")
+        + (f", huge pages {'on' if report.huge_pages else 'off'}" if report.huge_pages is not None else ""),
         f"{report.timing}; {report.decode_timing}; {report.speedup}; tok/s is the median (min-max) over prompts; "
         f"{report.identity}." + (f" {BEST_MODE_NOTE}." if with_llama_cpp else ""),
         "",

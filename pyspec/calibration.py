@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import _core
+from .cli import add_engine_options, engine_options
 from .config import DEFAULT_DRAFT, DEFAULT_TARGET
 from .fetch import Cache
 
@@ -197,7 +198,8 @@ def ensure(engine: "Engine", draft: str | None, *, force: bool = False, repeats:
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from .engine import Engine
 
-    with Engine(args.target, draft=args.draft or None, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers) as engine:
+    with Engine(args.target, draft=args.draft or None, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
+                **engine_options(args)) as engine:
         curves = engine.calibrate(force=args.force, repeats=args.repeats)
     payload = {name: {"n_tokens": list(c.n_tokens), "ms": [round(t, 2) for t in c.ms]} for name, c in curves.items()}
     if args.json:
@@ -223,6 +225,7 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--n-gpu-layers", type=int, default=None,
                    help="layers to offload, -1 all (GPU builds only; default $PYSPEC_N_GPU_LAYERS, else 0)")
+    add_engine_options(p)
     p.add_argument("--repeats", type=int, default=3, help="rounds over all sizes; the median is kept (default 3)")
     p.add_argument("--force", action="store_true", help="measure again even when a cached curve exists")
     p.add_argument("--json", action="store_true", help="print the curves as JSON")

@@ -26,6 +26,20 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
                    help="layers to offload, -1 all (GPU builds only; default $PYSPEC_N_GPU_LAYERS, else 0)")
 
 
+def add_engine_options(p: argparse.ArgumentParser) -> None:
+    """--repack and --no-huge-pages, for every command that loads an engine (see Engine)."""
+    p.add_argument("--repack", choices=["auto", "all", "weights", "off"], default="auto",
+                   help="llama.cpp's weight repacking for the CPU: all extra buffer types, the matmul weights "
+                        "alone, or none (default auto: weights on CPUs with AMX, all elsewhere)")
+    p.add_argument("--no-huge-pages", action="store_true",
+                   help="do not ask for transparent huge pages on the models' and contexts' buffers")
+
+
+def engine_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Engine keyword arguments from add_engine_options' flags."""
+    return {"repack": None if args.repack == "auto" else args.repack, "huge_pages": not args.no_huge_pages}
+
+
 def _read_prompt(args: argparse.Namespace) -> str:
     if args.prompt is not None:
         return str(args.prompt)
@@ -40,7 +54,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     prompt_text = _read_prompt(args)
     with Engine(args.target, draft=args.draft, n_ctx=args.n_ctx, n_threads=args.threads,
-                n_gpu_layers=args.n_gpu_layers, head=args.head) as engine:
+                n_gpu_layers=args.n_gpu_layers, head=args.head, **engine_options(args)) as engine:
         prompt: Any = [{"role": "user", "content": prompt_text}] if args.chat else prompt_text
         kwargs = dict(
             max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
@@ -125,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="lookup: shortest n-gram tried before proposing nothing (default 1)")
     gen.add_argument("--json", action="store_true", help="print one JSON object with text, tokens, finish_reason, stats")
     _add_generation_args(gen)
+    add_engine_options(gen)
     gen.set_defaults(handler=_cmd_generate)
 
     from . import bench, calibration, demo, data, distill, models, serve

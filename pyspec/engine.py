@@ -132,6 +132,9 @@ class Engine:
     none. None = "all", except on CPUs with AMX, where ggml's AMX kernels crash with SIGILL on the
     machines we measured: "weights" there (one target token 62 ms instead of 79 with "off" on the
     Intel AMX development machine, docs/cost-curves.md). `repack_mode` says which is in use.
+    huge_pages: ask the kernel for transparent huge pages on the buffers llama.cpp allocates for
+    the models' weights and contexts (madvise; it matters where THP is in "madvise" mode: one
+    target token 57 ms instead of 62 on that machine); False leaves the page size to the system.
     pool_capacity: phrases the engine's phrase pool keeps at most (least recently useful ones are
     evicted beyond it); None = the engine's default, 65,536 phrases, at most about 13 MB when full
     (pool_stats()["memory_bytes"] says what it takes now);
@@ -153,6 +156,7 @@ class Engine:
         prefix_cache: bool = True,
         head: str | os.PathLike[str] | None = None,
         pool_capacity: int | None = None,
+        huge_pages: bool = True,
     ) -> None:
         self.target_path = _resolve(target)
         self.draft_path = _resolve(draft) if draft is not None else None
@@ -166,12 +170,13 @@ class Engine:
             self._core: Any = _core.Engine(
                 self.target_path, self.draft_path or "", n_ctx, n_batch, threads, n_gpu_layers, 1,
                 self.repack_mode == "all", seed, reuse_prefix=bool(prefix_cache), pool_capacity=pool_capacity,
-                repack_weights=self.repack_mode == "weights",
+                repack_weights=self.repack_mode == "weights", huge_pages=bool(huge_pages),
             )
         finally:
             _forward_llama_logs()
         self.n_threads = threads
         self.n_gpu_layers = int(n_gpu_layers)
+        self.huge_pages = bool(huge_pages)
         self._n_vocab = int(self._core.n_vocab)
         # One generation at a time: the engine owns one KV cache per model. A second caller
         # (another thread, or generate() while a stream() is running) waits its turn. Draft

@@ -57,6 +57,7 @@ def test_parse_methods() -> None:
 def test_report_structure_and_identity(report: BenchReport) -> None:
     assert report.methods == METHODS.split(",")
     assert report.suite == "custom" and report.n == len(PROMPTS) and report.threads == 2
+    assert report.huge_pages is True  # the engine's default, which llama.cpp's tools would follow
     by_method = {r.method: r for r in report.results}
     none = [x.tokens for x in by_method["none"].per_prompt]
     assert all(len(t) > 0 for t in none)
@@ -199,6 +200,9 @@ def test_ratios_against_the_best_llama_cpp_mode_of_each_prompt() -> None:
                       repack="weights", llama_cpp_repack=False)
     assert format_markdown(weights).splitlines()[0].endswith(
         "repack weights only (no AMX), llama.cpp's tools repack off")
+    pages = _report(specs, runs, {}, target="t", draft=None, suite="s", max_tokens=50, threads=2,
+                    repack="weights", llama_cpp_repack=True, huge_pages=False)
+    assert format_markdown(pages).splitlines()[0].endswith("llama.cpp's tools repack on, huge pages off")
 
 
 def test_divergence_off_a_near_tie_is_measured_again_one_token_at_a_time(

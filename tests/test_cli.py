@@ -7,6 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from pyspec.cli import build_parser, engine_options
 from pyspec.demo import DemoRun, format_table
 
 STATS_KEYS = {"acceptance_rate", "tokens_per_target_call", "tokens_per_second", "n_target_calls", "n_drafted", "n_accepted"}
@@ -49,6 +52,25 @@ def test_generate_errors_are_one_line(tiny_target: str, tmp_path: Path) -> None:
     assert "Traceback" not in p.stderr
     p = pyspec_cli("generate", "--target", tiny_target, "--prompt", "x", "--temperature", "-2")
     assert p.returncode == 1 and "temperature" in p.stderr
+
+
+@pytest.mark.parametrize("command", [["generate", "--target", "t.gguf", "--prompt", "x"], ["bench"], ["calibrate"],
+                                     ["serve", "--target", "t.gguf"]])
+def test_every_command_that_loads_an_engine_takes_repack_and_huge_pages(command: list[str]) -> None:
+    parser = build_parser()
+    assert engine_options(parser.parse_args(command)) == {"repack": None, "huge_pages": True}
+    args = parser.parse_args([*command, "--repack", "off", "--no-huge-pages"])
+    assert engine_options(args) == {"repack": "off", "huge_pages": False}
+    with pytest.raises(SystemExit):
+        parser.parse_args([*command, "--repack", "amx"])
+
+
+def test_generate_with_repack_and_huge_pages_off(tiny_target: str) -> None:
+    runs = [pyspec_cli("generate", "--target", tiny_target, "--prompt", "def f():", "--max-tokens", "12", "--json",
+                       *extra) for extra in ([], ["--repack", "off", "--no-huge-pages"])]
+    assert all(p.returncode == 0 for p in runs), [p.stderr for p in runs]
+    # the tiny model's f32 weights are never repacked: the same logits, the same tokens
+    assert json.loads(runs[1].stdout)["tokens"] == json.loads(runs[0].stdout)["tokens"]
 
 
 def test_demo_table_marks_divergence() -> None:

@@ -134,18 +134,18 @@ def test_huge_pages_are_asked_for_the_engines_buffers(tiny_target: str) -> None:
 
     counts = run_json("""
         import json, sys
-        from pyspec import _core
+        import pyspec
 
         def advised():
             with open("/proc/self/smaps", encoding="ascii", errors="replace") as f:
                 return sum(1 for line in f if line.startswith("VmFlags:") and "hg" in line.split()[1:])
 
-        args = (sys.argv[1], "", 4096, 512, 2, 0, 1, False, 0)
         counts = [advised()]
-        without = _core.Engine(*args, huge_pages=False)
+        without = pyspec.Engine(sys.argv[1], n_ctx=4096, n_threads=2, huge_pages=False)
         counts.append(advised())
-        with_pages = _core.Engine(*args, huge_pages=True)
+        with_pages = pyspec.Engine(sys.argv[1], n_ctx=4096, n_threads=2)  # huge_pages defaults on
         counts.append(advised())
+        assert with_pages.huge_pages and not without.huge_pages
         print(json.dumps(counts))
     """, tiny_target)
     assert counts[1] == counts[0] and counts[2] > counts[1], counts

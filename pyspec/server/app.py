@@ -46,6 +46,8 @@ class ServerSettings:
     seed: int = 0
     prefix_cache: bool = True
     pool_capacity: int | None = None  # phrases the phrase pool keeps at most (None: the engine's default)
+    repack: bool | str | None = None  # Engine's repack (None: weights on CPUs with AMX, all elsewhere)
+    huge_pages: bool = True  # Engine's huge_pages
     # Defaults of every request; a request's own fields (OpenAI's and the speculative extra
     # fields) override them. temperature 1.0 and top_p 1.0 are OpenAI's defaults.
     defaults: GenerationConfig = field(default_factory=lambda: GenerationConfig(temperature=1.0))
@@ -89,7 +91,8 @@ def _start(settings: ServerSettings, engine: Engine | None) -> ServerState:
     if engine is None:
         engine = Engine(settings.target, draft=settings.draft, n_ctx=settings.n_ctx, n_batch=settings.n_batch,
                         n_threads=settings.n_threads, n_gpu_layers=settings.n_gpu_layers, seed=settings.seed,
-                        prefix_cache=settings.prefix_cache, pool_capacity=settings.pool_capacity)
+                        prefix_cache=settings.prefix_cache, pool_capacity=settings.pool_capacity,
+                        repack=settings.repack, huge_pages=settings.huge_pages)
     metrics = ServerMetrics()
     pool = None
     if settings.pool_file:
