@@ -27,8 +27,11 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_engine_options(p: argparse.ArgumentParser) -> None:
-    """--repack and --no-huge-pages, for every command that loads an engine (see Engine)."""
-    p.add_argument("--repack", choices=["auto", "all", "weights", "off"], default="auto",
+    """--repack and --no-huge-pages (Engine's repack and huge_pages), for generate, calibrate,
+    bench and serve: the commands whose speed they change."""
+    from .engine import REPACK_MODES
+
+    p.add_argument("--repack", choices=["auto", *REPACK_MODES], default="auto",
                    help="llama.cpp's weight repacking for the CPU: all extra buffer types, the matmul weights "
                         "alone, or none (default auto: weights on CPUs with AMX, all elsewhere)")
     p.add_argument("--no-huge-pages", action="store_true",

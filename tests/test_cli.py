@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pyspec.cli import build_parser, engine_options
+from pyspec.cli import build_parser
 from pyspec.demo import DemoRun, format_table
 
 STATS_KEYS = {"acceptance_rate", "tokens_per_target_call", "tokens_per_second", "n_target_calls", "n_drafted", "n_accepted"}
@@ -54,23 +54,49 @@ def test_generate_errors_are_one_line(tiny_target: str, tmp_path: Path) -> None:
     assert p.returncode == 1 and "temperature" in p.stderr
 
 
-@pytest.mark.parametrize("command", [["generate", "--target", "t.gguf", "--prompt", "x"], ["bench"], ["calibrate"],
-                                     ["serve", "--target", "t.gguf"]])
-def test_every_command_that_loads_an_engine_takes_repack_and_huge_pages(command: list[str]) -> None:
-    parser = build_parser()
-    assert engine_options(parser.parse_args(command)) == {"repack": None, "huge_pages": True}
-    args = parser.parse_args([*command, "--repack", "off", "--no-huge-pages"])
-    assert engine_options(args) == {"repack": "off", "huge_pages": False}
+class _EngineMade(Exception):
+    """Raised by a recording Engine once it has the keyword arguments a command passed."""
+
+
+@pytest.mark.parametrize("command", ["generate", "calibrate", "bench", "serve"])
+def test_repack_and_huge_pages_reach_the_engine(command: str, tiny_target: str, tiny_drafts: dict[str, str],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each command that loads an engine hands --repack and --no-huge-pages to Engine (serve
+    through ServerSettings), and leaves Engine's defaults without them."""
+    import pyspec.engine
+    import pyspec.server.app
+    from pyspec.cli import main
+
+    made: list[dict] = []
+
+    class Recording:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            made.append(kwargs)
+            raise _EngineMade
+
+    monkeypatch.setattr(pyspec.engine, "Engine", Recording)
+    monkeypatch.setattr(pyspec.server.app, "Engine", Recording)
+    monkeypatch.setattr("uvicorn.run", lambda app, **kwargs: pyspec.server.app._start(app.state.settings, None))
+
+    def settings_app(settings: object) -> object:
+        class App:
+            class state:
+                pass
+        App.state.settings = settings
+        return App
+
+    monkeypatch.setattr(pyspec.server, "create_app", settings_app)
+    argv = {"generate": ["generate", "--target", tiny_target, "--prompt", "x"],
+            "calibrate": ["calibrate", "--target", tiny_target, "--draft", ""],
+            "bench": ["bench", "--target", tiny_target, "--draft", tiny_drafts["perturbed"], "--methods", "none",
+                      "--no-progress"],
+            "serve": ["serve", "--target", tiny_target]}[command]
+    for extra, expected in (([], (None, True)), (["--repack", "off", "--no-huge-pages"], ("off", False))):
+        with pytest.raises(_EngineMade):
+            main([*argv, *extra])
+        assert (made[-1]["repack"], made[-1]["huge_pages"]) == expected
     with pytest.raises(SystemExit):
-        parser.parse_args([*command, "--repack", "amx"])
-
-
-def test_generate_with_repack_and_huge_pages_off(tiny_target: str) -> None:
-    runs = [pyspec_cli("generate", "--target", tiny_target, "--prompt", "def f():", "--max-tokens", "12", "--json",
-                       *extra) for extra in ([], ["--repack", "off", "--no-huge-pages"])]
-    assert all(p.returncode == 0 for p in runs), [p.stderr for p in runs]
-    # the tiny model's f32 weights are never repacked: the same logits, the same tokens
-    assert json.loads(runs[1].stdout)["tokens"] == json.loads(runs[0].stdout)["tokens"]
+        build_parser().parse_args([*argv, "--repack", "amx"])
 
 
 def test_demo_table_marks_divergence() -> None:
