@@ -62,7 +62,7 @@ def distill_config(args: argparse.Namespace) -> DistillConfig:
     return DistillConfig(loss=args.loss, tau=args.tau, positions=args.positions, lr=args.lr,
                          lr_schedule=args.lr_schedule, epochs=args.epochs, batch_size=args.batch_size,
                          rehearsal=args.rehearsal, rehearsal_limit=args.rehearsal_limit,
-                         train_vocab=args.train_vocab,
+                         train_vocab=args.train_vocab, train_blocks=args.train_blocks,
                          train_threads=args.train_threads, export_dtype=args.export_dtype)
 
 
@@ -396,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rehearsal-limit", type=int, default=16384, help="positions kept for rehearsal")
     p.add_argument("--train-vocab", action=argparse.BooleanOptionalAction, default=DistillConfig.train_vocab,
                    help="train the draft's embedding and output matrices (--no-train-vocab freezes them)")
+    p.add_argument("--train-blocks", type=int, default=DistillConfig.train_blocks,
+                   help="train only the draft's last N transformer blocks (default 0: all); with frozen vocabulary matrices the earlier blocks run without a backward graph")
     p.add_argument("--export-dtype", default="source")
     p.add_argument("--update-interval", type=int, default=8)
     p.add_argument("--buffer-limit", type=int, default=4096)

@@ -28,9 +28,11 @@ def _cmd_distill(args: argparse.Namespace) -> int:
     from .engine import Engine
     from .online import export_gguf, load_gguf
     from .online.offline import distill_offline
+    from .online.trainer import frozen_parameters
 
     config = DistillConfig(loss=args.loss, tau=args.tau, top_k=args.top_k, lr=args.lr, batch_size=args.batch_size,
-                           train_vocab=args.train_vocab, train_threads=args.train_threads, export_dtype=args.dtype,
+                           train_vocab=args.train_vocab, train_blocks=args.train_blocks, train_threads=args.train_threads,
+                           export_dtype=args.dtype,
                            seed=args.seed)
     with Engine(args.target, draft=args.draft, n_ctx=args.n_ctx, n_threads=args.threads) as engine:
         suite = load_suite(args.suite, args.n + args.eval)
@@ -49,7 +51,9 @@ def _cmd_distill(args: argparse.Namespace) -> int:
 
         report = distill_offline(engine, model, train_prompts, config, steps=args.steps, sampling=args.sampling,
                                  max_tokens=args.max_tokens, temperature=args.temperature, on_step=progress)
-        out = export_gguf(model, args.out, dtype=args.dtype)
+        frozen = {id(p) for p in frozen_parameters(model, config)}  # written as the source's bytes
+        out = export_gguf(model, args.out, dtype=args.dtype,
+                          unchanged=[name for name, p in model.gguf_tensors().items() if id(p) in frozen])
         after = None
         if eval_prompts:
             engine.reload_draft(out)
@@ -90,6 +94,8 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--train-threads", type=int, default=1, help="torch CPU threads (default 1)")
     p.add_argument("--train-vocab", action=argparse.BooleanOptionalAction, default=DistillConfig.train_vocab,
                    help="train the embedding and output matrices too (--no-train-vocab freezes them)")
+    p.add_argument("--train-blocks", type=int, default=DistillConfig.train_blocks, metavar="N",
+                   help="train only the draft's last N transformer blocks (default 0: all); with frozen vocabulary matrices the earlier blocks run without a backward graph")
     p.add_argument("--n-ctx", type=int, default=4096)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(handler=_cmd_distill)

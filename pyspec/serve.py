@@ -63,6 +63,8 @@ def register_cli(sub: Any) -> None:
                         default=DistillConfig.train_vocab,
                         help="train the draft's embedding and output matrices too (--no-online-train-vocab "
                              "freezes them: less memory and time per update)")
+    online.add_argument("--online-train-blocks", type=int, default=DistillConfig.train_blocks, metavar="N",
+                        help="train only the draft's last N transformer blocks (default 0: all); with frozen vocabulary matrices the earlier blocks run without a backward graph")
     online.add_argument("--online-work-dir", default=None, help="where trained drafts are written (default: temporary)")
     p.set_defaults(handler=_cmd_serve)
 
@@ -91,7 +93,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if args.online:
         online = OnlineSettings(update_interval=args.online_interval, buffer_limit=args.online_buffer,
                                 lr=args.online_lr, train_threads=args.online_train_threads,
-                                train_vocab=args.online_train_vocab,
+                                train_vocab=args.online_train_vocab, train_blocks=args.online_train_blocks,
                                 work_dir=args.online_work_dir)
     settings = ServerSettings(
         target=args.target, draft=args.draft, model_name=args.model_name, n_ctx=args.n_ctx, n_batch=args.n_batch,

@@ -1,7 +1,8 @@
 """DistillConfig(train_vocab=False): the draft's vocabulary matrices (token embedding, output
 matrix tied or not) are frozen. An update leaves them bit-identical, moves every other tensor,
 gives them no AdamW state, and the exported GGUF carries the source's bytes for them (also when
-the export re-quantizes the rest to the source's K-quant mix)."""
+the export re-quantizes the rest to the source's K-quant mix). DistillConfig(train_blocks=N)
+freezes every block but the last N the same way."""
 
 from __future__ import annotations
 
@@ -99,3 +100,53 @@ def test_freezing_applies_to_a_module_trained_directly(drafts: dict[str, Path]) 
 def test_train_vocab_is_validated() -> None:
     with pytest.raises(ValueError, match="train_vocab must be True or False"):
         DistillConfig(train_vocab="no")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("variant", ["llama", "q4_k_m"])
+def test_training_only_the_last_blocks(drafts: dict[str, Path], samples: list[TraceSample], tmp_path: Path,
+                                       variant: str) -> None:
+    """train_blocks=1 with the vocabulary frozen: block 1 and the output norm learn; block 0 and
+    the vocabulary matrices stay bit-identical, hold no AdamW state, get no gradient, and the
+    exported GGUF carries the source's bytes for them."""
+    config = DistillConfig(lr=1e-3, epochs=2, batch_size=2, positions="all", train_vocab=False, train_blocks=1)
+    trainer = DraftTrainer(drafts[variant], config, tmp_path)
+    tensors = trainer.student.module.gguf_tensors()
+    assert trainer.student.module.config.n_layer == 2
+    frozen = {name for name in tensors if name.startswith("blk.0.") or name in VOCAB}
+    trained = set(tensors) - frozen
+    assert trained and all(name.startswith("blk.1.") or name == "output_norm.weight" for name in trained)
+    before = {name: p.detach().clone() for name, p in tensors.items()}
+    with torch.no_grad():
+        loss_before = float(batch_loss(trainer.student, samples, config))
+    path, report = trainer.update(samples)
+    assert report.loss_after < loss_before
+    changed = {name for name, p in tensors.items() if not torch.equal(p.detach(), before[name])}
+    assert changed == trained
+    assert {id(p) for p in trainer.optimizer.state} == {id(tensors[name]) for name in trained}
+    assert all(not tensors[name].requires_grad and tensors[name].grad is None for name in frozen)
+    written, source = source_bytes(path), source_bytes(drafts[variant])
+    for name in frozen:
+        assert written[name] == source[name], name
+    assert written["blk.1.ffn_down.weight"] != source["blk.1.ffn_down.weight"]
+    # Block 0's output, computed once per sequence and reused across epochs, is still what the
+    # trained model computes from scratch.
+    assert trainer.student.n_fixed_blocks == 1
+    for s in samples:
+        direct = trainer.student.module.logits_at(torch.from_numpy(s.tokens.astype(np.int64)),
+                                                  torch.from_numpy(s.rows.astype(np.int64)))
+        assert torch.equal(trainer.student.row_logits(s).detach(), direct.detach())
+
+
+def test_train_blocks_counts_from_the_last_block(drafts: dict[str, Path]) -> None:
+    """0 and anything >= the number of blocks train every block; N freezes all but the last N."""
+    from pyspec.online import load_gguf
+    from pyspec.online.trainer import frozen_parameters
+
+    model = load_gguf(drafts["llama"])
+    block0 = {id(p) for p in model.blocks[0].parameters()}
+    for n, expected in [(0, set()), (1, block0), (2, set()), (5, set())]:
+        assert {id(p) for p in frozen_parameters(model, DistillConfig(train_blocks=n))} == expected, n
+    with pytest.raises(ValueError, match="train_blocks must be a whole number"):
+        DistillConfig(train_blocks=-1)
+    with pytest.raises(ValueError, match="train_blocks must be a whole number"):
+        DistillConfig(train_blocks=True)  # type: ignore[arg-type]

@@ -70,6 +70,12 @@ class DistillConfig:
     are exported unchanged; only the blocks and norms learn. For a small draft with a large
     vocabulary they hold most of the parameters (272M of 362M for 6 Qwen2.5 blocks), and so
     most of the training's memory and of its optimizer time (README, "Freezing the vocabulary").
+    train_blocks: how many of the draft's last transformer blocks are trained (0: all). The
+    blocks before them are frozen as the vocabulary is, and with train_vocab False too the
+    training runs them without building a graph for backward: an update then costs one forward
+    pass plus the backward and AdamW step of the trained blocks only, which is what lets a
+    large draft's updates keep up with the traffic they learn from (README, "Training only
+    the last blocks").
     train_threads: torch's CPU threads in the training process; keep train_threads + the
     engine's n_threads within the cores, or they slow each other.
     export_dtype: the GGUF type of the trained draft (module docstring; default "source").
@@ -90,6 +96,7 @@ class DistillConfig:
     rehearsal: float = 0.0
     rehearsal_limit: int = 16384
     train_vocab: bool = True
+    train_blocks: int = 0
     train_threads: int = 1
     export_dtype: str = "source"
     seed: int = 0
@@ -112,6 +119,8 @@ class DistillConfig:
             (self.rehearsal >= 0, f"rehearsal must be >= 0, got {self.rehearsal}"),
             (self.rehearsal_limit >= 0, f"rehearsal_limit must be >= 0 positions, got {self.rehearsal_limit}"),
             (isinstance(self.train_vocab, bool), f"train_vocab must be True or False, got {self.train_vocab!r}"),
+            (isinstance(self.train_blocks, int) and not isinstance(self.train_blocks, bool) and self.train_blocks >= 0,
+             f"train_blocks must be a whole number of blocks >= 0 (0: all), got {self.train_blocks!r}"),
             (self.train_threads >= 1, f"train_threads must be >= 1, got {self.train_threads}"),
             (self.export_dtype in EXPORT_TYPES,
              f"export_dtype must be one of {', '.join(EXPORT_TYPES)}, got {self.export_dtype!r}"),

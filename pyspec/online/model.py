@@ -121,6 +121,13 @@ class DraftModel(nn.Module):
         """The matrices indexed by vocabulary: token_embd.weight, and output.weight unless tied."""
         return [self.token_embd.weight] + ([self.output.weight] if self.output is not None else [])
 
+    def early_block_parameters(self, n_trained: int) -> list[nn.Parameter]:
+        """The parameters of every block before the last `n_trained` (none when n_trained is 0,
+        meaning all blocks, or at least the number of blocks)."""
+        if n_trained <= 0 or n_trained >= len(self.blocks):
+            return []
+        return [p for block in self.blocks[: len(self.blocks) - n_trained] for p in block.parameters()]
+
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return F.linear(self.hidden_states(tokens), self.output_weight)  # [..., n_tokens, n_vocab]
 
@@ -128,13 +135,29 @@ class DraftModel(nn.Module):
         """The final normed hidden states [..., n_tokens, n_embd]; the logits are
         F.linear(hidden, output_weight). Trainers project only the rows they need, since the
         logits of a whole sequence ([n_tokens, n_vocab]) are large for real vocabularies."""
+        return self.hidden_states_from(self.block_input(tokens, 0), 0)
+
+    def block_input(self, tokens: torch.Tensor, first_block: int) -> torch.Tensor:
+        """The input of block `first_block` ([..., n_tokens, n_embd]): the token embedding run
+        through the blocks before it. With those frozen, a trainer can compute it once per
+        sequence and reuse it (GGUFDraft)."""
         squeeze = tokens.dim() == 1
         if squeeze:
             tokens = tokens[None, :]
-        positions = torch.arange(tokens.shape[1], device=tokens.device)
-        cos, sin = rope_tables(positions, self.config)
         x = self.token_embd(tokens)  # [batch, n_tokens, n_embd]
-        for block in self.blocks:
+        if first_block > 0:
+            cos, sin = rope_tables(torch.arange(tokens.shape[1], device=tokens.device), self.config)
+            for block in self.blocks[:first_block]:
+                x = block(x, cos, sin)
+        return x[0] if squeeze else x
+
+    def hidden_states_from(self, x: torch.Tensor, first_block: int) -> torch.Tensor:
+        """hidden_states given block_input(tokens, first_block)."""
+        squeeze = x.dim() == 2
+        if squeeze:
+            x = x[None]
+        cos, sin = rope_tables(torch.arange(x.shape[1], device=x.device), self.config)
+        for block in self.blocks[first_block:]:
             x = block(x, cos, sin)
         x = self.output_norm(x)
         return x[0] if squeeze else x

@@ -5,7 +5,8 @@ trains are projected to logits (a whole sequence's logits are [n_tokens, n_vocab
 vocabularies), and the chosen loss compares them with the target's top-k there
 (`losses.distill_loss`: the top-k plus a tail bucket, see losses.py). Gradients of `batch_size`
 samples are summed, weighted by rows, then one AdamW step is taken. With config.train_vocab
-False the vocabulary matrices are frozen (`trainable_parameters`): no gradient, no optimizer state.
+False the vocabulary matrices are frozen (`trainable_parameters`): no gradient, no optimizer state;
+with config.train_blocks N the blocks before the last N are frozen the same way.
 
 What is trained is a `Distillable`: a module, the logits it gives at a sample's rows, and how it
 is written out for the engine. `GGUFDraft` is the draft model of a GGUF file, exported back to
@@ -32,7 +33,7 @@ from .losses import TopK, distill_loss
 from .model import DraftModel, load_gguf
 
 __all__ = ["DistillConfig", "Distillable", "DraftTrainer", "GGUFDraft", "LR_SCHEDULES", "TEACHERS", "TrainReport",
-           "batch_loss", "make_optimizer", "sample_loss", "train", "train_step", "trainable_parameters",
+           "batch_loss", "frozen_parameters", "make_optimizer", "sample_loss", "train", "train_step", "trainable_parameters",
            "vocab_parameters"]
 
 
@@ -42,7 +43,10 @@ class Distillable(Protocol):
     `row_logits(sample)` gives its logits [sample.n_rows, n_vocab] at the sample's rows (with
     grad), `export(out)` writes it where the engine can load it and returns the path.
     Optionally `vocab_parameters()`: its parameters indexed by vocabulary (embedding, output
-    matrix), which config.train_vocab=False freezes; a drafter without it has none to freeze."""
+    matrix), which config.train_vocab=False freezes; a drafter without it has none to freeze.
+    A drafter made of transformer blocks can offer `early_block_parameters(n)` (every block's
+    parameters but the last n's), which config.train_blocks freezes, and `start_update()`, called
+    before each update's training (to drop what it cached for the previous one)."""
 
     module: torch.nn.Module
 
@@ -61,17 +65,38 @@ class GGUFDraft:
         self.template = ExportTemplate.read(self.module.source_path or path)  # read once, reused by every export
         self.export_dtype = config.export_dtype
         self.export_threads = config.train_threads
-        # Frozen vocabulary matrices still hold the source's weights: the export copies their bytes.
-        frozen = {id(p) for p in self.module.vocab_parameters()} if not config.train_vocab else set()
+        # Frozen tensors still hold the source's weights: the export copies their bytes.
+        frozen = {id(p) for p in frozen_parameters(self.module, config)}
         self.unchanged = [name for name, p in self.module.gguf_tensors().items() if id(p) in frozen]
+        # The blocks below every trained weight (embedding frozen, train_blocks set) give each
+        # sequence the same output in every epoch: computed once per sequence and update.
+        n_layer = self.module.config.n_layer
+        self.n_fixed_blocks = (n_layer - config.train_blocks
+                               if not config.train_vocab and 0 < config.train_blocks < n_layer else 0)
+        self._fixed: dict[bytes, torch.Tensor] = {}
 
     def vocab_parameters(self) -> list[torch.nn.Parameter]:
         return self.module.vocab_parameters()
 
+    def early_block_parameters(self, n_trained: int) -> list[torch.nn.Parameter]:
+        return self.module.early_block_parameters(n_trained)
+
     def row_logits(self, sample: TraceSample) -> torch.Tensor:
         tokens = torch.from_numpy(sample.tokens.astype(np.int64))
         rows = torch.from_numpy(sample.rows.astype(np.int64))
-        return self.module.logits_at(tokens, rows)
+        if not self.n_fixed_blocks:
+            return self.module.logits_at(tokens, rows)
+        key = sample.tokens.astype(np.int64).tobytes()
+        x = self._fixed.get(key)
+        if x is None:
+            with torch.no_grad():
+                x = self._fixed[key] = self.module.block_input(tokens, self.n_fixed_blocks)
+        hidden = self.module.hidden_states_from(x, self.n_fixed_blocks)
+        return torch.nn.functional.linear(hidden[rows], self.module.output_weight)
+
+    def start_update(self) -> None:
+        """Forgets the fixed blocks' outputs of the previous update's sequences."""
+        self._fixed.clear()
 
     def export(self, out: Path) -> Path:
         return export_gguf(self.module, out, dtype=self.export_dtype, template=self.template,
@@ -115,13 +140,25 @@ def vocab_parameters(student: Student) -> list[torch.nn.Parameter]:
     return list(named()) if callable(named) else []
 
 
+def frozen_parameters(student: Student, config: DistillConfig) -> list[torch.nn.Parameter]:
+    """The parameters config keeps as loaded: the vocabulary matrices unless config.train_vocab,
+    the blocks before the last config.train_blocks when that is set."""
+    frozen = [] if config.train_vocab else vocab_parameters(student)
+    if config.train_blocks:
+        early = getattr(student, "early_block_parameters", None)
+        if not callable(early):
+            raise ValueError(f"train_blocks={config.train_blocks} needs a draft made of transformer blocks; "
+                             f"{type(student).__name__} has none")
+        frozen += list(early(config.train_blocks))
+    return frozen
+
+
 def trainable_parameters(student: Student, config: DistillConfig) -> list[torch.nn.Parameter]:
-    """The parameters training moves. With config.train_vocab False the vocabulary matrices get
-    requires_grad False first, so backward computes no gradient for them (and the embedding's
-    dense [n_vocab, n_embd] gradient is never allocated)."""
-    if not config.train_vocab:
-        for param in vocab_parameters(student):
-            param.requires_grad_(False)
+    """The parameters training moves. Frozen ones (frozen_parameters) get requires_grad False
+    first, so backward computes no gradient for them (the embedding's dense [n_vocab, n_embd]
+    gradient is never allocated, and blocks below every trained one are run without a graph)."""
+    for param in frozen_parameters(student, config):
+        param.requires_grad_(False)
     return [p for p in _module(student).parameters() if p.requires_grad]
 
 
@@ -129,7 +166,7 @@ def make_optimizer(student: Student, config: DistillConfig) -> torch.optim.Optim
     """AdamW over trainable_parameters (frozen ones hold no state in it)."""
     params = trainable_parameters(student, config)
     if not params:
-        raise ValueError("the student has no parameters to train (train_vocab=False froze every one)")
+        raise ValueError("the student has no parameters to train (train_vocab/train_blocks froze every one)")
     return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
 
 
@@ -216,6 +253,9 @@ class DraftTrainer:
 
     def update(self, samples: Sequence[TraceSample], rehearsed: Sequence[TraceSample] = ()) -> tuple[Path, TrainReport]:
         lr = self.config.lr_at(self.n_updates + 1)
+        start = getattr(self.student, "start_update", None)
+        if callable(start):
+            start()
         report = train(self.student, self.optimizer, samples, self.config, self._rng, rehearsed=rehearsed, lr=lr)
         self.n_exports += 1
         t0 = time.perf_counter()

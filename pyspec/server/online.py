@@ -7,7 +7,7 @@ requests (Engine.reload_draft). The server process never imports torch.
 What this module assumes of pyspec.online, and nothing more: OnlineDistiller(engine, config,
 update_interval=, buffer_limit=, work_dir=) with observe(result), stats() -> an object with
 draft_version, n_updates, n_failed_updates, updating, buffer_positions, acceptance and
-last_error, and close(); DistillConfig(lr=, train_threads=, train_vocab=). Generations are handed over through
+last_error, and close(); DistillConfig(lr=, train_threads=, train_vocab=, train_blocks=). Generations are handed over through
 a bounded queue to a thread of their own, so the generation worker never waits on the
 distiller (if the distiller falls behind, the oldest waiting results are dropped and counted).
 """
@@ -36,6 +36,7 @@ class OnlineSettings:
     lr: float = 1e-4
     train_threads: int = 1
     train_vocab: bool = DistillConfig.train_vocab  # False: the draft's vocabulary matrices stay frozen
+    train_blocks: int = DistillConfig.train_blocks  # N > 0: only the draft's last N blocks are trained
     work_dir: str | None = None      # where trained drafts are written (default: a temporary directory)
     backlog: int = 256               # finished generations waiting for the distiller before drops
 
@@ -50,7 +51,8 @@ class OnlineLoop:
             os.makedirs(settings.work_dir, exist_ok=True)
         self.distiller: Any = OnlineDistiller(
             engine,
-            DistillConfig(lr=settings.lr, train_threads=settings.train_threads, train_vocab=settings.train_vocab),
+            DistillConfig(lr=settings.lr, train_threads=settings.train_threads, train_vocab=settings.train_vocab,
+                          train_blocks=settings.train_blocks),
             update_interval=settings.update_interval, buffer_limit=settings.buffer_limit,
             work_dir=settings.work_dir,
         )
