@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pyspec.online.config import DistillConfig  # no torch: plain settings
+from pyspec.online.config import TRAIN_BLOCKS_HELP, DistillConfig  # no torch: plain settings
 
 MODES = ("static", "online", "routed")
 
@@ -397,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--train-vocab", action=argparse.BooleanOptionalAction, default=DistillConfig.train_vocab,
                    help="train the draft's embedding and output matrices (--no-train-vocab freezes them)")
     p.add_argument("--train-blocks", type=int, default=DistillConfig.train_blocks,
-                   help="train only the draft's last N transformer blocks (default 0: all); with frozen vocabulary matrices the earlier blocks run without a backward graph")
+                   help=TRAIN_BLOCKS_HELP)
     p.add_argument("--export-dtype", default="source")
     p.add_argument("--update-interval", type=int, default=8)
     p.add_argument("--buffer-limit", type=int, default=4096)

@@ -10,7 +10,7 @@ import json
 import sys
 from typing import Any
 
-from .online.config import EXPORT_TYPES, DistillConfig  # no torch: plain settings
+from .online.config import EXPORT_TYPES, TRAIN_BLOCKS_HELP, DistillConfig  # no torch: plain settings
 
 
 def _acceptance(engine: Any, prompts: list[list[int]], max_tokens: int) -> float:
@@ -31,9 +31,8 @@ def _cmd_distill(args: argparse.Namespace) -> int:
     from .online.trainer import frozen_parameters
 
     config = DistillConfig(loss=args.loss, tau=args.tau, top_k=args.top_k, lr=args.lr, batch_size=args.batch_size,
-                           train_vocab=args.train_vocab, train_blocks=args.train_blocks, train_threads=args.train_threads,
-                           export_dtype=args.dtype,
-                           seed=args.seed)
+                           train_vocab=args.train_vocab, train_blocks=args.train_blocks,
+                           train_threads=args.train_threads, export_dtype=args.dtype, seed=args.seed)
     with Engine(args.target, draft=args.draft, n_ctx=args.n_ctx, n_threads=args.threads) as engine:
         suite = load_suite(args.suite, args.n + args.eval)
         prompts = [engine.prompt_tokens(p.render(chat=not args.raw)) for p in suite]
@@ -95,7 +94,7 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--train-vocab", action=argparse.BooleanOptionalAction, default=DistillConfig.train_vocab,
                    help="train the embedding and output matrices too (--no-train-vocab freezes them)")
     p.add_argument("--train-blocks", type=int, default=DistillConfig.train_blocks, metavar="N",
-                   help="train only the draft's last N transformer blocks (default 0: all); with frozen vocabulary matrices the earlier blocks run without a backward graph")
+                   help=TRAIN_BLOCKS_HELP)
     p.add_argument("--n-ctx", type=int, default=4096)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(handler=_cmd_distill)

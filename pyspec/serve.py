@@ -10,7 +10,7 @@ from typing import Any
 
 from .cli import add_engine_options, engine_options
 from .config import METHODS, GenerationConfig
-from .online.config import DistillConfig  # no torch: plain settings
+from .online.config import TRAIN_BLOCKS_HELP, DistillConfig  # no torch: plain settings
 
 
 def register_cli(sub: Any) -> None:
@@ -64,7 +64,7 @@ def register_cli(sub: Any) -> None:
                         help="train the draft's embedding and output matrices too (--no-online-train-vocab "
                              "freezes them: less memory and time per update)")
     online.add_argument("--online-train-blocks", type=int, default=DistillConfig.train_blocks, metavar="N",
-                        help="train only the draft's last N transformer blocks (default 0: all); with frozen vocabulary matrices the earlier blocks run without a backward graph")
+                        help=TRAIN_BLOCKS_HELP)
     online.add_argument("--online-work-dir", default=None, help="where trained drafts are written (default: temporary)")
     p.set_defaults(handler=_cmd_serve)
 

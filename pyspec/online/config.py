@@ -43,6 +43,11 @@ TEACHERS = ("trace", "evaluate")
 LR_SCHEDULES = ("constant", "inverse_sqrt")
 
 
+# The help text of the --train-blocks flags (pyspec distill, pyspec serve --online, benchmarks).
+TRAIN_BLOCKS_HELP = ("train only the draft's last N transformer blocks (default 0: all); with the vocabulary "
+                     "frozen too, the earlier blocks run once per sequence and update, without a backward graph")
+
+
 @dataclass(frozen=True)
 class DistillConfig:
     """How the draft is trained on the target's corrections.

@@ -33,8 +33,8 @@ from .losses import TopK, distill_loss
 from .model import DraftModel, load_gguf
 
 __all__ = ["DistillConfig", "Distillable", "DraftTrainer", "GGUFDraft", "LR_SCHEDULES", "TEACHERS", "TrainReport",
-           "batch_loss", "frozen_parameters", "make_optimizer", "sample_loss", "train", "train_step", "trainable_parameters",
-           "vocab_parameters"]
+           "batch_loss", "frozen_parameters", "make_optimizer", "sample_loss", "train", "train_step",
+           "trainable_parameters", "vocab_parameters"]
 
 
 @runtime_checkable
