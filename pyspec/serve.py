@@ -6,11 +6,14 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .cli import add_engine_options, engine_options
 from .config import METHODS, GenerationConfig
 from .online.config import TRAIN_BLOCKS_HELP, DistillConfig  # no torch: plain settings
+
+if TYPE_CHECKING:
+    from .server.online import OnlineSettings
 
 
 def register_cli(sub: Any) -> None:
@@ -79,22 +82,28 @@ def _phrase_count(text: str) -> int:
     return value
 
 
+def online_settings(args: argparse.Namespace) -> OnlineSettings | None:
+    """The --online-* flags as OnlineSettings; None without --online."""
+    from .server.online import OnlineSettings
+
+    if not args.online:
+        return None
+    return OnlineSettings(update_interval=args.online_interval, buffer_limit=args.online_buffer, lr=args.online_lr,
+                          train_threads=args.online_train_threads, train_vocab=args.online_train_vocab,
+                          train_blocks=args.online_train_blocks, work_dir=args.online_work_dir)
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from .server import OnlineSettings, ServerSettings, create_app
+        from .server import ServerSettings, create_app
     except ImportError as exc:
         print(f"pyspec: error: {exc}", file=sys.stderr)
         return 1
     defaults = GenerationConfig(method=args.method, n_draft=args.n_draft, temperature=args.temperature,
                                 top_p=args.top_p, top_k=args.top_k, min_p=args.min_p)
-    online = None
-    if args.online:
-        online = OnlineSettings(update_interval=args.online_interval, buffer_limit=args.online_buffer,
-                                lr=args.online_lr, train_threads=args.online_train_threads,
-                                train_vocab=args.online_train_vocab, train_blocks=args.online_train_blocks,
-                                work_dir=args.online_work_dir)
+    online = online_settings(args)
     settings = ServerSettings(
         target=args.target, draft=args.draft, model_name=args.model_name, n_ctx=args.n_ctx, n_batch=args.n_batch,
         n_threads=args.threads, n_gpu_layers=args.n_gpu_layers, seed=args.seed,

@@ -119,3 +119,21 @@ def test_demo_default_methods_run_without_a_head(tiny_target: str, tiny_drafts: 
     with Engine(tiny_target, draft=tiny_drafts["perturbed"], n_threads=1) as engine:
         for m in methods:
             assert len(engine.generate("def f():", max_tokens=6, method=m).tokens) > 0, m
+
+
+def test_serve_online_flags_reach_the_training_settings() -> None:
+    """pyspec serve --online-*: the flags become OnlineSettings and, through them, the
+    distiller's DistillConfig (train_vocab, train_blocks, lr, threads); no --online: None."""
+    from pyspec.online.config import DistillConfig
+    from pyspec.serve import online_settings
+
+    base = ["serve", "--target", "t.gguf", "--draft", "d.gguf"]
+    assert online_settings(build_parser().parse_args(base)) is None
+    settings = online_settings(build_parser().parse_args(
+        [*base, "--online", "--online-interval", "5", "--online-lr", "3e-5", "--online-train-threads", "2",
+         "--no-online-train-vocab", "--online-train-blocks", "4"]))
+    assert settings is not None and settings.update_interval == 5
+    config = settings.distill_config()
+    assert (config.lr, config.train_threads, config.train_vocab, config.train_blocks) == (3e-5, 2, False, 4)
+    defaults = online_settings(build_parser().parse_args([*base, "--online"])).distill_config()
+    assert (defaults.train_vocab, defaults.train_blocks) == (DistillConfig.train_vocab, DistillConfig.train_blocks)

@@ -40,6 +40,11 @@ class OnlineSettings:
     work_dir: str | None = None      # where trained drafts are written (default: a temporary directory)
     backlog: int = 256               # finished generations waiting for the distiller before drops
 
+    def distill_config(self) -> DistillConfig:
+        """The training settings these carry."""
+        return DistillConfig(lr=self.lr, train_threads=self.train_threads, train_vocab=self.train_vocab,
+                             train_blocks=self.train_blocks)
+
 
 class OnlineLoop:
     def __init__(self, engine: Engine, settings: OnlineSettings) -> None:
@@ -51,8 +56,7 @@ class OnlineLoop:
             os.makedirs(settings.work_dir, exist_ok=True)
         self.distiller: Any = OnlineDistiller(
             engine,
-            DistillConfig(lr=settings.lr, train_threads=settings.train_threads, train_vocab=settings.train_vocab,
-                          train_blocks=settings.train_blocks),
+            settings.distill_config(),
             update_interval=settings.update_interval, buffer_limit=settings.buffer_limit,
             work_dir=settings.work_dir,
         )
