@@ -28,7 +28,7 @@ def _cmd_distill(args: argparse.Namespace) -> int:
     from .engine import Engine
     from .online import export_gguf, load_gguf
     from .online.offline import distill_offline
-    from .online.trainer import frozen_parameters
+    from .online.trainer import frozen_tensor_names
 
     config = DistillConfig(loss=args.loss, tau=args.tau, top_k=args.top_k, lr=args.lr, batch_size=args.batch_size,
                            train_vocab=args.train_vocab, train_blocks=args.train_blocks,
@@ -50,9 +50,7 @@ def _cmd_distill(args: argparse.Namespace) -> int:
 
         report = distill_offline(engine, model, train_prompts, config, steps=args.steps, sampling=args.sampling,
                                  max_tokens=args.max_tokens, temperature=args.temperature, on_step=progress)
-        frozen = {id(p) for p in frozen_parameters(model, config)}  # written as the source's bytes
-        out = export_gguf(model, args.out, dtype=args.dtype,
-                          unchanged=[name for name, p in model.gguf_tensors().items() if id(p) in frozen])
+        out = export_gguf(model, args.out, dtype=args.dtype, unchanged=frozen_tensor_names(model, config))
         after = None
         if eval_prompts:
             engine.reload_draft(out)

@@ -131,6 +131,7 @@ def test_training_only_the_last_blocks(drafts: dict[str, Path], samples: list[Tr
     # Block 0's output, computed once per sequence and reused across epochs, is still what the
     # trained model computes from scratch.
     assert trainer.student.n_fixed_blocks == 1
+    assert len(trainer.student._fixed) == len({s.tokens.tobytes() for s in samples})  # one per sequence
     for s in samples:
         direct = trainer.student.module.logits_at(torch.from_numpy(s.tokens.astype(np.int64)),
                                                   torch.from_numpy(s.rows.astype(np.int64)))

@@ -82,3 +82,31 @@ def test_distill_cli(tiny_target: str, weak_draft: str, tmp_path: Path, monkeypa
     assert summary["out"] == str(out) and out.is_file()
     assert summary["steps"] == 2 and summary["eval_prompts"] == 1
     assert summary["acceptance_before"] is not None and summary["acceptance_after"] is not None
+
+
+def test_distill_cli_trains_only_the_last_blocks(tiny_target: str, weak_draft: str, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """--no-train-vocab --train-blocks 1: the written draft keeps block 0 and the vocabulary
+    matrices exactly as the source has them and moves the last block."""
+    import numpy as np
+
+    from pyspec import cli, data
+    from pyspec.online import open_gguf
+
+    fake = [data.Prompt(id=f"toy/{i}", suite="toy", text=t, messages=[{"role": "user", "content": t}])
+            for i, t in enumerate(PROMPTS)]
+    monkeypatch.setattr(data, "load_suite", lambda name, n=None, **kw: fake[:n])
+    out = tmp_path / "last.gguf"
+    code = cli.main(["distill", "--target", tiny_target, "--draft", weak_draft, "--suite", "humaneval", "--n", "3",
+                     "--eval", "0", "--steps", "3", "--batch-size", "2", "--max-tokens", "12", "--raw", "--lr", "1e-3",
+                     "--threads", "1", "--no-train-vocab", "--train-blocks", "1", "--out", str(out)])
+    assert code == 0
+
+    def tensors(path: Path) -> dict[str, bytes]:
+        return {t.name: np.asarray(t.data).tobytes() for t in open_gguf(path).tensors}
+
+    written, source = tensors(out), tensors(Path(weak_draft))
+    kept = {n for n in source if n.startswith("blk.0.") or n in ("token_embd.weight", "output.weight")}
+    moved = {n for n in source if written[n] != source[n]}
+    assert kept & set(source) and not kept & moved
+    assert any(n.startswith("blk.1.") for n in moved)

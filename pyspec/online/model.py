@@ -165,7 +165,11 @@ class DraftModel(nn.Module):
     def logits_at(self, tokens: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """Logits [n_rows, n_vocab] of the rows `rows` ([n_rows] int64) of a forward pass over
         `tokens` ([n_tokens] int64); the other rows are never projected to the vocabulary."""
-        return F.linear(self.hidden_states(tokens)[rows], self.output_weight)
+        return self.logits_from(self.block_input(tokens, 0), 0, rows)
+
+    def logits_from(self, x: torch.Tensor, first_block: int, rows: torch.Tensor) -> torch.Tensor:
+        """logits_at given block_input(tokens, first_block) [n_tokens, n_embd]."""
+        return F.linear(self.hidden_states_from(x, first_block)[rows], self.output_weight)
 
     def gguf_tensors(self) -> dict[str, torch.Tensor]:
         """GGUF tensor name -> parameter, for every tensor the GGUF file holds."""

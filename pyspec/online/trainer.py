@@ -33,8 +33,8 @@ from .losses import TopK, distill_loss
 from .model import DraftModel, load_gguf
 
 __all__ = ["DistillConfig", "Distillable", "DraftTrainer", "GGUFDraft", "LR_SCHEDULES", "TEACHERS", "TrainReport",
-           "batch_loss", "frozen_parameters", "make_optimizer", "sample_loss", "train", "train_step",
-           "trainable_parameters", "vocab_parameters"]
+           "batch_loss", "frozen_parameters", "frozen_tensor_names", "make_optimizer", "sample_loss", "train",
+           "train_step", "trainable_parameters", "vocab_parameters"]
 
 
 @runtime_checkable
@@ -66,8 +66,7 @@ class GGUFDraft:
         self.export_dtype = config.export_dtype
         self.export_threads = config.train_threads
         # Frozen tensors still hold the source's weights: the export copies their bytes.
-        frozen = {id(p) for p in frozen_parameters(self.module, config)}
-        self.unchanged = [name for name, p in self.module.gguf_tensors().items() if id(p) in frozen]
+        self.unchanged = frozen_tensor_names(self.module, config)
         # The blocks below every trained weight (embedding frozen, train_blocks set) give each
         # sequence the same output in every epoch: computed once per sequence and update.
         n_layer = self.module.config.n_layer
@@ -82,17 +81,15 @@ class GGUFDraft:
         return self.module.early_block_parameters(n_trained)
 
     def row_logits(self, sample: TraceSample) -> torch.Tensor:
-        tokens = torch.from_numpy(sample.tokens.astype(np.int64))
-        rows = torch.from_numpy(sample.rows.astype(np.int64))
+        ids = sample.tokens.astype(np.int64)
+        tokens, rows = torch.from_numpy(ids), torch.from_numpy(sample.rows.astype(np.int64))
         if not self.n_fixed_blocks:
             return self.module.logits_at(tokens, rows)
-        key = sample.tokens.astype(np.int64).tobytes()
-        x = self._fixed.get(key)
+        x = self._fixed.get(ids.tobytes())
         if x is None:
             with torch.no_grad():
-                x = self._fixed[key] = self.module.block_input(tokens, self.n_fixed_blocks)
-        hidden = self.module.hidden_states_from(x, self.n_fixed_blocks)
-        return torch.nn.functional.linear(hidden[rows], self.module.output_weight)
+                x = self._fixed[ids.tobytes()] = self.module.block_input(tokens, self.n_fixed_blocks)
+        return self.module.logits_from(x, self.n_fixed_blocks, rows)
 
     def start_update(self) -> None:
         """Forgets the fixed blocks' outputs of the previous update's sequences."""
@@ -151,6 +148,12 @@ def frozen_parameters(student: Student, config: DistillConfig) -> list[torch.nn.
                              f"{type(student).__name__} has none")
         frozen += list(early(config.train_blocks))
     return frozen
+
+
+def frozen_tensor_names(model: DraftModel, config: DistillConfig) -> list[str]:
+    """GGUF names of the tensors config keeps as loaded (export_gguf's `unchanged`)."""
+    frozen = {id(p) for p in frozen_parameters(model, config)}
+    return [name for name, p in model.gguf_tensors().items() if id(p) in frozen]
 
 
 def trainable_parameters(student: Student, config: DistillConfig) -> list[torch.nn.Parameter]:
