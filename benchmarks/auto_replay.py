@@ -120,6 +120,8 @@ def main() -> int:
                     help="per kind of the drafted first node (prompt lookup, pool, ... by match length): steps, "
                          "tokens drafted and accepted, and the modelled time those steps gained and lost against "
                          "decoding their tokens plainly")
+    ap.add_argument("--ngram", type=Path,
+                    help="an n-gram table (`pyspec ngram build`) auto also drafts from, as Engine(ngram=...)")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args()
 
@@ -142,7 +144,8 @@ def main() -> int:
         requests = [(prompts[pid], tokens) for pid, tokens in runs if tokens]
         ids = [pid for pid, tokens in runs if tokens]
         replayed = _core.replay_auto(requests, core_curve, params.lookup, params.pool, params.scheduler,
-                                     actual=actual._core())
+                                     actual=actual._core(), ngram_path=str(args.ngram or ""),
+                                     n_vocab=engine._core.n_vocab, vocab_fingerprint=engine.vocab_fingerprint)
         rows = []
         kinds_table: dict[str, list[float]] = {}  # kind -> [steps, drafted, accepted, gained ms, lost ms]
         for pid, (_, output), (sizes, accepted, kinds) in zip(ids, requests, replayed):

@@ -63,6 +63,7 @@ NB_MODULE(_core, m) {
         } catch (const spec::PoolFileError& e) { raise_as("PoolFileError", e.what());
         } catch (const spec::HeadFileError& e) { raise_as("HeadFileError", e.what());
         } catch (const spec::HeadMismatchError& e) { raise_as("HeadMismatchError", e.what());
+        } catch (const spec::NgramFileError& e) { raise_as("NgramFileError", e.what());
         } catch (const spec::Error& e) { raise_as("SpecError", e.what());
         }
     });
@@ -204,7 +205,10 @@ NB_MODULE(_core, m) {
         .def_rw("max_gamma", &spec::AutoParams::max_gamma)
         .def_rw("adapt_costs", &spec::AutoParams::adapt_costs)
         .def_rw("use_draft_model", &spec::AutoParams::use_draft_model)
-        .def_rw("use_head", &spec::AutoParams::use_head);
+        .def_rw("use_head", &spec::AutoParams::use_head)
+        .def_rw("use_corpus", &spec::AutoParams::use_corpus)
+        .def_rw("corpus_max_depth", &spec::AutoParams::corpus_max_depth)
+        .def_rw("corpus_min_total", &spec::AutoParams::corpus_min_total);
 
     nb::class_<spec::CostCurve>(m, "CostCurve")
         .def(nb::init<>())
@@ -232,6 +236,16 @@ NB_MODULE(_core, m) {
     m.def("kind_pool", &spec::kind_pool, "match_len"_a);
     m.def("kind_model", &spec::kind_model, "probability"_a);
     m.def("kind_lookup_contested", &spec::kind_lookup_contested);
+    m.def("kind_corpus", &spec::kind_corpus, "confidence"_a);
+    m.def("fnv1a64", [](const nb::bytes& data) {
+        uint64_t h = 0xcbf29ce484222325ULL;
+        const auto* p = static_cast<const unsigned char*>(data.data());
+        for (size_t i = 0; i < data.size(); ++i) h = (h ^ p[i]) * 0x100000001b3ULL;
+        return h;
+    }, "data"_a, "FNV-1a 64 of bytes (the checksum of n-gram table files).");
+    m.def("ngram_key", [](const std::vector<int32_t>& context) {
+        return spec::ngram_key(context.data(), int32_t(context.size()));
+    }, "context"_a, "The n-gram table key of a context (spec/ngram_table.h), for tests and tools.");
     m.def("kind_name", [](int32_t kind) { return spec::kind_name(uint8_t(std::clamp(kind, 0, 255))); }, "kind"_a);
 
     nb::class_<spec::DraftPlan>(m, "DraftPlan")
@@ -267,7 +281,10 @@ NB_MODULE(_core, m) {
     m.def("replay_auto", [](const std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>>& requests,
                             const spec::CostCurve& curve, const spec::LookupParams& lookup,
                             const spec::PoolParams& pool, const spec::AutoParams& params, size_t pool_capacity,
-                            std::optional<spec::CostCurve> actual) {
+                            std::optional<spec::CostCurve> actual, const std::string& ngram_path, int32_t n_vocab,
+                            const std::string& vocab_fingerprint) {
+        std::optional<spec::NgramTable> corpus;
+        if (!ngram_path.empty()) corpus = spec::NgramTable::load(ngram_path, n_vocab, vocab_fingerprint);
         std::vector<spec::ReplayRequest> reqs;
         reqs.reserve(requests.size());
         for (const auto& [prompt, output] : requests) reqs.push_back({prompt, output});
@@ -277,14 +294,14 @@ NB_MODULE(_core, m) {
         {
             nb::gil_scoped_release release;
             for (auto& steps : spec::replay_auto(reqs, curve, lookup, pool, settings, params,
-                                                 actual ? &*actual : nullptr)) {
+                                                 actual ? &*actual : nullptr, corpus ? &*corpus : nullptr)) {
                 std::vector<int32_t> kinds(steps.first_kinds.begin(), steps.first_kinds.end());
                 out.emplace_back(std::move(steps.sizes), std::move(steps.accepted), std::move(kinds));
             }
         }
         return out;
     }, "requests"_a, "curve"_a, "lookup"_a, "pool"_a, "params"_a, "pool_capacity"_a = size_t(65536),
-       "actual"_a = nb::none());
+       "actual"_a = nb::none(), "ngram_path"_a = "", "n_vocab"_a = 0, "vocab_fingerprint"_a = "");
 
     nb::class_<spec::LookupParams>(m, "LookupParams")
         .def(nb::init<>())
@@ -515,6 +532,11 @@ NB_MODULE(_core, m) {
         .def_prop_ro("has_head", &spec::Engine::has_head)
         .def_prop_ro("head_version", &spec::Engine::head_version)
         .def_prop_ro("head_path", &spec::Engine::head_path)
+        .def("load_ngram", &spec::Engine::load_ngram, "path"_a, nb::call_guard<nb::gil_scoped_release>())
+        .def("remove_ngram", &spec::Engine::remove_ngram)
+        .def_prop_ro("ngram_path", &spec::Engine::ngram_path)
+        .def_prop_ro("ngram_size", &spec::Engine::ngram_size)
+        .def_prop_ro("vocab_fingerprint", [](spec::Engine& e) { return spec::vocab_fingerprint(*e.shared_target()); })
         .def_prop_ro("closed", &spec::Engine::closed)
         .def("describe", [](spec::Engine& e, bool use_draft, const std::string& draft_name) {
             spec::Model& model = use_draft ? e.draft(draft_name) : e.target();

@@ -21,6 +21,7 @@ from .errors import (
     HeadMismatchError,
     InvalidArgumentError,
     ModelLoadError,
+    NgramFileError,
     PoolFileError,
     SpecError,
     VocabMismatchError,
@@ -53,4 +54,5 @@ __all__ = [
     "PoolFileError",
     "HeadFileError",
     "HeadMismatchError",
+    "NgramFileError",
 ]

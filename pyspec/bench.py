@@ -33,7 +33,7 @@ from .bench_peers import (LLAMA_CPP_DEFAULT_N_DRAFT, LLAMA_CPP_DRAFT, LLAMA_CPP_
                           LlamaCppPeer, PythonPeer)
 from .bench_report import (BenchReport, MethodSummary, PromptRun, best_llama_cpp_runs, decode_within_limit,
                            format_markdown, plot, summarize, versus_best_llama_cpp, write_json)
-from .cli import add_engine_options, engine_options
+from .cli import add_engine_options, add_ngram_option, engine_options
 from .config import DEFAULT_DRAFT, DEFAULT_TARGET, METHODS_NEEDING_DRAFT, METHODS_NEEDING_HEAD
 
 if TYPE_CHECKING:
@@ -80,7 +80,8 @@ def available_methods() -> tuple[str, ...]:
 
 # auto:SUFFIX -> generate() options: auto without one of its learned drafters, so that one engine
 # (one draft model, one head) can compare auto with and without it in a single run.
-AUTO_VARIANTS = {"no-head": (("auto_head", False),), "no-draft": (("auto_draft_model", False),)}
+AUTO_VARIANTS = {"no-head": (("auto_head", False),), "no-draft": (("auto_draft_model", False),),
+                 "no-corpus": (("auto_corpus", False),)}
 BEAM_SHAPED = ("beam", "redrafter")
 
 
@@ -221,6 +222,7 @@ def run_bench(
     head: str | None = None,
     repack: bool | str | None = None,
     huge_pages: bool = True,
+    ngram: str | None = None,
 ) -> BenchReport:
     """Runs every method on the same prompts, interleaved per prompt, greedy.
 
@@ -233,7 +235,8 @@ def run_bench(
     Engine's, for every method (llama.cpp's tools get the engine's value). head: a draft head GGUF
     for the engine (method redrafter needs one; auto then weighs it too, auto:no-head does not).
     repack, huge_pages: as Engine's; llama.cpp's tools repack when the engine does (and their
-    build allows it) and get glibc's huge pages when the engine asks for them.
+    build allows it) and get glibc's huge pages when the engine asks for them. ngram: as Engine's
+    (an n-gram table auto also drafts from; auto:no-corpus leaves it out).
     """
     from tqdm import tqdm
 
@@ -273,7 +276,7 @@ def run_bench(
         engine = stack.enter_context(Engine(target_path, draft=draft_path, n_ctx=n_ctx, n_batch=ENGINE_N_BATCH,
                                             n_threads=n_threads, n_gpu_layers=n_gpu_layers,
                                             prefix_cache=False, head=head, repack=repack,
-                                            huge_pages=huge_pages))
+                                            huge_pages=huge_pages, ngram=ngram))
         if any(m.name == "auto" for m in specs):
             engine.calibrate(progress=progress)  # cached curves, or measured now: not in the timings
         work_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pyspec-bench-")))
@@ -354,13 +357,13 @@ def run_bench(
     return _report(specs, runs, skipped, target=str(target), draft=str(draft) if uses_draft else None, suite=suite,
                    max_tokens=max_tokens, threads=engine.n_threads, repack=engine.repack_mode,
                    llama_cpp_repack=tools_repack if tool_peers else None, head=os.path.basename(head) if head else None,
-                   huge_pages=engine.huge_pages)
+                   huge_pages=engine.huge_pages, ngram=os.path.basename(engine.ngram_path) if engine.ngram_path else None)
 
 
 def _report(specs: list[MethodSpec], runs: dict[str, list[PromptRun]], skipped: dict[str, str], *, target: str,
             draft: str | None, suite: str, max_tokens: int, threads: int, repack: bool | str,
             llama_cpp_repack: bool | None = None, head: str | None = None,
-            huge_pages: bool | None = None) -> BenchReport:
+            huge_pages: bool | None = None, ngram: str | None = None) -> BenchReport:
     peers = [m.label for m in specs if m.is_peer]
     modes = [m.label for m in specs if m.is_llama_cpp]
     results = [summarize(m.label, m.n_draft if m.n_draft is not None else _default_n_draft(m.name), m.is_peer,
@@ -374,7 +377,7 @@ def _report(specs: list[MethodSpec], runs: dict[str, list[PromptRun]], skipped: 
         auto_vs_best_llama_cpp=by_label["auto"].decode_speedup_vs_best_llama_cpp if "auto" in by_label else None,
         auto_vs_best_llama_cpp_within_limit=(versus_best_llama_cpp(runs["auto"], runs, modes, decode_within_limit)
                                              if "auto" in runs else None),
-        none_vs_llama_cpp=by_label["none"].decode_speedup_vs_llama_cpp, head=head,
+        none_vs_llama_cpp=by_label["none"].decode_speedup_vs_llama_cpp, head=head, ngram=ngram,
     )  # fmt: skip
 
 
@@ -444,7 +447,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     report = run_bench(
         args.target, args.draft, args.prompt or args.suite, n=args.n, max_tokens=args.max_tokens, methods=args.methods,
         n_draft=args.n_draft, n_threads=args.threads, n_ctx=args.n_ctx, progress=not args.no_progress,
-        llama_cpp_bin=args.llama_cpp_bin, n_gpu_layers=args.n_gpu_layers, head=args.head, **engine_options(args),
+        llama_cpp_bin=args.llama_cpp_bin, n_gpu_layers=args.n_gpu_layers, head=args.head, ngram=args.ngram,
+        **engine_options(args),
     )
     for method, why in report.skipped.items():
         print(f"pyspec bench: skipped {method}: {why}", file=sys.stderr)
@@ -484,6 +488,7 @@ def register_cli(subparsers: Any) -> None:
                    help="layers to offload for every method, -1 all (GPU builds only; default "
                         "$PYSPEC_N_GPU_LAYERS, else 0)")
     add_engine_options(p)  # the tools follow: repacking where their build allows it, glibc's huge pages
+    add_ngram_option(p)
     p.add_argument("--llama-cpp-bin", default=None, metavar="DIR",
                    help="directory of llama.cpp's llama-completion and llama-speculative-simple (default: "
                         "$PYSPEC_LLAMA_CPP_BIN, else those built by benchmarks/build_llama_cpp.py)")

@@ -107,6 +107,7 @@ class BenchReport:
     head: str | None = None  # the engine's draft head, when given
     llama_cpp_repack: bool | None = None  # whether llama.cpp's tools ran with weight repacking (None: no tools ran)
     huge_pages: bool | None = None  # Engine.huge_pages, which the tools' GLIBC_TUNABLES follow (None: older reports)
+    ngram: str | None = None  # the engine's n-gram table (file name), when given
     timing: str = TIMING_NOTE
     decode_timing: str = DECODE_NOTE
     speedup: str = SPEEDUP_NOTE
@@ -216,6 +217,7 @@ def format_markdown(report: BenchReport, python_peers: tuple[str, ...] = ("peer-
     with_plain = "llama.cpp" in report.llama_cpp_modes
     lines = [
         f"target {report.target}, draft {report.draft or '-'}" + (f", head {report.head}" if report.head else "")
+        + (f", n-gram table {report.ngram}" if report.ngram else "")
         + f", suite {report.suite} ({report.n} prompts), "
         f"greedy, chat template, {report.max_tokens} new tokens at most, {report.threads} threads, "
         f"repack {_repack_text(report.repack)}"

@@ -38,6 +38,13 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="do not ask for transparent huge pages on the models' and contexts' buffers")
 
 
+def add_ngram_option(p: argparse.ArgumentParser) -> None:
+    """--ngram: Engine's ngram (a static n-gram table method auto also drafts from)."""
+    p.add_argument("--ngram", default=None, metavar="PATH",
+                   help="n-gram table for method auto (`pyspec ngram build`); 'default': the ShareGPT table in the "
+                        "cache, built first when missing (about 2 minutes)")
+
+
 def engine_options(args: argparse.Namespace) -> dict[str, Any]:
     """Engine keyword arguments from add_engine_options' flags."""
     return {"repack": None if args.repack == "auto" else args.repack, "huge_pages": not args.no_huge_pages}
@@ -57,7 +64,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     prompt_text = _read_prompt(args)
     with Engine(args.target, draft=args.draft, n_ctx=args.n_ctx, n_threads=args.threads,
-                n_gpu_layers=args.n_gpu_layers, head=args.head, **engine_options(args)) as engine:
+                n_gpu_layers=args.n_gpu_layers, head=args.head, ngram=args.ngram, **engine_options(args)) as engine:
         prompt: Any = [{"role": "user", "content": prompt_text}] if args.chat else prompt_text
         kwargs = dict(
             max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
@@ -143,9 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="print one JSON object with text, tokens, finish_reason, stats")
     _add_generation_args(gen)
     add_engine_options(gen)
+    add_ngram_option(gen)
     gen.set_defaults(handler=_cmd_generate)
 
-    from . import bench, calibration, demo, data, distill, models, serve
+    from . import bench, calibration, demo, data, distill, models, ngram, serve
     from .head import cli as head_cli
 
     demo.register_cli(sub)
@@ -155,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     head_cli.register_cli(sub)
     models.register_cli(sub)
     data.register_cli(sub)
+    ngram.register_cli(sub)
     serve.register_cli(sub)
     return parser
 

@@ -31,7 +31,7 @@ DEFAULT_N_DRAFT = {"chain": 4, "lookup": 8, "ouroboros": 4}
 
 _INT32_RANGE = (-(2**31), 2**31 - 1)
 _UINT64_RANGE = (0, 2**64 - 1)
-_BOOL_FIELDS = {"auto_draft_model", "auto_head", "auto_adapt_costs", "pool", "harvest_prompt", "harvest_generated", "harvest_verification",
+_BOOL_FIELDS = {"auto_draft_model", "auto_head", "auto_corpus", "auto_adapt_costs", "pool", "harvest_prompt", "harvest_generated", "harvest_verification",
                 "return_logits"}
 _FLOAT_FIELDS = {"temperature", "top_p", "min_p", "typical_epsilon", "typical_delta"}
 _STR_FIELDS = {"draft", "acceptance"}
@@ -99,7 +99,8 @@ class GenerationConfig:
     chain when the draft's measured cost and running acceptance make it pay, a draft-head chain
     when the engine has a head and its measured step cost and running acceptance make it pay, or
     plain decoding; considers paths up to auto_max_depth, auto_max_nodes nodes, chains up to
-    auto_max_gamma, the draft model only when auto_draft_model, the head only when auto_head; needs the cost curves of `pyspec calibrate`, measured
+    auto_max_gamma, the draft model only when auto_draft_model, the head only when auto_head, the
+    engine's n-gram table (Engine(ngram=...), `pyspec ngram build`) only when auto_corpus; needs the cost curves of `pyspec calibrate`, measured
     on first use when missing), "none" (plain decoding), "chain" (draft model proposes a chain of n_draft tokens),
     "tree" (draft model grows candidates layer by layer, tree_depth layers, decoding the
     tree_expand best candidates of each layer together and adding their tree_branching likeliest
@@ -143,6 +144,7 @@ class GenerationConfig:
     auto_max_gamma: int = 8
     auto_draft_model: bool = True
     auto_head: bool = True
+    auto_corpus: bool = True
     auto_adapt_costs: bool = True
     seed: int | None = None
     lookup_ngram_max: int = 16
@@ -201,6 +203,7 @@ class GenerationConfig:
         p.scheduler.max_gamma = int(self.auto_max_gamma)
         p.scheduler.use_draft_model = bool(self.auto_draft_model)
         p.scheduler.use_head = bool(self.auto_head)
+        p.scheduler.use_corpus = bool(self.auto_corpus)
         p.scheduler.adapt_costs = bool(self.auto_adapt_costs)
         p.lookup.ngram_max = int(self.lookup_ngram_max)
         p.lookup.ngram_min = int(self.lookup_ngram_min)

@@ -157,6 +157,7 @@ class Engine:
         head: str | os.PathLike[str] | None = None,
         pool_capacity: int | None = None,
         huge_pages: bool = True,
+        ngram: str | os.PathLike[str] | None = None,
     ) -> None:
         self.target_path = _resolve(target)
         self.draft_path = _resolve(draft) if draft is not None else None
@@ -190,6 +191,8 @@ class Engine:
                 self.reload_draft(path, name=name)
             if head is not None:
                 self.reload_head(head)
+            if ngram is not None:
+                self.load_ngram(ngram)
         except BaseException:
             self._core.close()
             raise
@@ -302,6 +305,47 @@ class Engine:
     @property
     def head_path(self) -> str | None:
         return self._core.head_path or None
+
+    # -- static n-gram table (method "auto"'s corpus drafter) --------------------------------------
+
+    def load_ngram(self, path: str | os.PathLike[str]) -> None:
+        """Installs the n-gram table at `path` (`pyspec ngram build` makes one; "default": the
+        ShareGPT table for this vocabulary in the cache, built first when missing, about two
+        minutes) for method auto, which then also drafts the table's predictions where nothing
+        is copied (GenerationConfig.auto_corpus). Read and checked against the target's
+        vocabulary before it replaces the old table, between two generations; any failure
+        (FileNotFoundError, NgramFileError) leaves the old table in place.
+        """
+        if self.closed:
+            raise EngineClosedError("engine is closed")
+        if os.fspath(path) == "default":
+            from .ngram import ensure_default_table
+
+            path = ensure_default_table(self)
+        path = os.fspath(path)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"n-gram table not found: {path}")
+        with self._lock:
+            self._core.load_ngram(path)
+
+    def remove_ngram(self) -> None:
+        """Drops the n-gram table (after a running generation ends)."""
+        with self._lock:
+            self._core.remove_ngram()
+
+    @property
+    def ngram_path(self) -> str | None:
+        return self._core.ngram_path or None
+
+    @property
+    def ngram_size(self) -> int:
+        """Entries of the n-gram table (0 without one)."""
+        return int(self._core.ngram_size)
+
+    @property
+    def vocab_fingerprint(self) -> str:
+        """FNV-1a 64 of the target's token texts (16 hex digits): which vocabulary a table or head is for."""
+        return str(self._core.vocab_fingerprint)
 
     def remove_draft(self, name: str) -> None:
         """Frees the draft of slot `name` (after a running generation ends); its version count stays."""

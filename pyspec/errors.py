@@ -43,6 +43,10 @@ class HeadMismatchError(SpecError, ValueError):
     """A draft head was trained for another target; the message names the first difference."""
 
 
+class NgramFileError(SpecError, OSError):
+    """An n-gram table file is missing, truncated, corrupt, of another format, or for another vocabulary."""
+
+
 __all__ = [
     "SpecError",
     "ModelLoadError",
@@ -54,4 +58,5 @@ __all__ = [
     "PoolFileError",
     "HeadFileError",
     "HeadMismatchError",
+    "NgramFileError",
 ]

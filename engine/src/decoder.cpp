@@ -389,6 +389,30 @@ std::string Engine::head_path() const {
     return head_ ? head_->path() : std::string();
 }
 
+void Engine::load_ngram(const std::string& path) {
+    check_open();
+    auto table = std::make_unique<NgramTable>(NgramTable::load(path, target_->n_vocab(), vocab_fingerprint(*target_)));
+    std::lock_guard<std::mutex> lock(drafts_mutex_);
+    ngram_.swap(table);
+}
+
+void Engine::remove_ngram() {
+    check_open();
+    std::unique_ptr<NgramTable> old;
+    std::lock_guard<std::mutex> lock(drafts_mutex_);
+    old.swap(ngram_);
+}
+
+std::string Engine::ngram_path() const {
+    std::lock_guard<std::mutex> lock(drafts_mutex_);
+    return ngram_ ? ngram_->path() : std::string();
+}
+
+int64_t Engine::ngram_size() const {
+    std::lock_guard<std::mutex> lock(drafts_mutex_);
+    return ngram_ ? ngram_->size() : 0;
+}
+
 std::vector<float> Engine::evaluate(const std::vector<int32_t>& tokens, bool use_draft, bool all_rows,
                                     const std::string& draft_name, int32_t first_row) {
     if (!tokens.empty() && (first_row < 0 || first_row >= int32_t(tokens.size()))) {
@@ -538,6 +562,7 @@ std::unique_ptr<Drafter> Engine::make_drafter(const GenerateParams& params) {
         resources.head_cost = &head_costs_;
         resources.head_acceptance = &head_acceptance_;
     }
+    if (method.needs_cost_curves && params.scheduler.use_corpus) resources.corpus = ngram_.get();
     // Copies stop at the target's control tokens (LookupParams::stop_tokens).
     GenerateParams with_stops = params;
     with_stops.lookup.stop_tokens = control_tokens_;

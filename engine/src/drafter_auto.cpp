@@ -11,6 +11,7 @@
 #include "spec/drafter.h"
 #include "spec/error.h"
 #include "spec/model.h"
+#include "spec/ngram_table.h"
 #include "spec/schedule.h"
 #include "spec/tree.h"
 
@@ -45,8 +46,9 @@ class AutoDrafter final : public Drafter {
 public:
     AutoDrafter(Model* model, const CostCurve* draft_cost, const CostModel& target_cost, AcceptanceStats& stats,
                 PhrasePool* pool, const LookupParams& lookup, const PoolParams& pool_params, const AutoParams& params,
-                const AutoHead& head)
+                const AutoHead& head, const NgramTable* corpus)
         : lookup_(make_pool_lookup_drafter(lookup, pool, pool_params)),
+          corpus_(params.use_corpus ? corpus : nullptr),
           model_(model && draft_cost ? model : nullptr),
           draft_cost_(draft_cost),
           target_cost_(target_cost),
@@ -78,6 +80,7 @@ public:
         free_request.n_draft_max = std::min(request.n_draft_max, params_.max_depth);
         free_request.n_nodes_max = std::min(request.n_nodes_max, params_.max_nodes);
         lookup_->draft(free_request, free_);
+        if (corpus_) add_corpus_branch(*request.tokens, free_request.n_draft_max, free_request.n_nodes_max);
         const std::vector<int32_t> free_parents = parents_of(free_);
         // The whole free proposal is scored against what gets committed, verified or not.
         scorer_.add(int32_t(request.tokens->size()), free_.tokens, free_.parents, free_.kinds);
@@ -158,6 +161,40 @@ public:
 private:
     static std::vector<int32_t> parents_of(const Draft& draft) {
         return draft.parents.empty() ? chain_parents(int32_t(draft.tokens.size())) : draft.parents;
+    }
+
+    // The corpus chain (AutoParams::use_corpus) as one more branch of the free proposal, below
+    // the root, unless a branch there already starts with its first token.
+    void add_corpus_branch(const std::vector<int32_t>& committed, int32_t max_depth, int32_t max_nodes) {
+        const int32_t room = std::min({params_.corpus_max_depth, max_depth, max_nodes - int32_t(free_.tokens.size())});
+        if (room <= 0) return;
+        context_.assign(committed.end() - std::min<ptrdiff_t>(ptrdiff_t(committed.size()), corpus_->max_context()),
+                        committed.end());
+        const size_t n_context = context_.size();
+        corpus_kinds_.clear();
+        NgramTable::Hit hit;
+        while (int32_t(corpus_kinds_.size()) < room &&
+               corpus_->predict(context_.data(), int32_t(context_.size()), uint32_t(params_.corpus_min_total), hit) &&
+               hit.confidence() >= kCorpusMinConfidence) {
+            context_.push_back(hit.token);
+            corpus_kinds_.push_back(kind_corpus(hit.confidence()));
+        }
+        if (corpus_kinds_.empty()) return;
+        const int32_t first = context_[n_context];
+        const bool chain = free_.parents.empty();
+        for (size_t i = 0; i < free_.tokens.size(); ++i) {
+            const bool at_root = chain ? i == 0 : free_.parents[i] < 0;
+            if (at_root && free_.tokens[i] == first) return;
+        }
+        // Alone it stays a chain (parents empty); beside other branches the tree gets its parents.
+        const bool alone = free_.tokens.empty();
+        if (free_.kinds.size() < free_.tokens.size()) free_.kinds.resize(free_.tokens.size(), kKindUnknown);
+        if (chain && !alone) free_.parents = chain_parents(int32_t(free_.tokens.size()));
+        for (size_t d = 0; d < corpus_kinds_.size(); ++d) {
+            if (!alone) free_.parents.push_back(d == 0 ? -1 : int32_t(free_.tokens.size()) - 1);
+            free_.tokens.push_back(context_[n_context + d]);
+            free_.kinds.push_back(corpus_kinds_[d]);
+        }
     }
 
     void draft_with_model(const DraftRequest& request, int32_t gamma, Draft& out) {
@@ -262,6 +299,9 @@ private:
     }
 
     std::unique_ptr<Drafter> lookup_;
+    const NgramTable* corpus_;        // null: no corpus branch
+    std::vector<int32_t> context_;    // the corpus chain's context and its nodes
+    std::vector<uint8_t> corpus_kinds_;
     std::unique_ptr<Drafter> chain_;  // the draft model's chain drafter, once it has drafted
     std::unique_ptr<Drafter> head_chain_;  // the head's (one beam), when the engine has a head
     Model* model_;                    // null: the draft model is not considered
@@ -295,7 +335,7 @@ void validate(const AutoParams& params) {
 std::unique_ptr<Drafter> make_auto_drafter(Model* draft_model, const CostCurve* draft_cost, const CostModel& target_cost,
                                            AcceptanceStats& stats, PhrasePool* pool, const LookupParams& lookup,
                                            const PoolParams& pool_params, const AutoParams& params,
-                                           const AutoHead& head) {
+                                           const AutoHead& head, const NgramTable* corpus) {
     validate(params);
     validate(target_cost.prior());
     if (draft_cost) validate(*draft_cost);
@@ -303,7 +343,7 @@ std::unique_ptr<Drafter> make_auto_drafter(Model* draft_model, const CostCurve* 
         throw InvalidArgumentError("auto with a draft head needs its step cost model and acceptance statistics");
     }
     return std::make_unique<AutoDrafter>(draft_model, draft_cost, target_cost, stats, pool, lookup, pool_params, params,
-                                         head);
+                                         head, corpus);
 }
 
 }  // namespace spec

@@ -109,7 +109,7 @@ std::unique_ptr<Drafter> make_lookup(const GenerateParams& params, const Drafter
 
 std::unique_ptr<Drafter> make_auto(const GenerateParams& params, const DrafterResources& res) {
     return make_auto_drafter(res.draft, res.draft_cost, *res.target_cost, *res.acceptance, res.pool, params.lookup,
-                             params.pool, params.scheduler, {res.head, res.head_cost, res.head_acceptance});
+                             params.pool, params.scheduler, {res.head, res.head_cost, res.head_acceptance}, res.corpus);
 }
 
 std::unique_ptr<Drafter> make_chain(const GenerateParams&, const DrafterResources& res) {

@@ -34,7 +34,7 @@ int32_t accepted_length(const Draft& draft, const int32_t* actual, int32_t n_act
 std::vector<ReplaySteps> replay_auto(const std::vector<ReplayRequest>& requests, const CostCurve& curve,
                                      const LookupParams& lookup, const PoolParams& pool_params,
                                      const PhrasePoolParams& pool_settings, const AutoParams& params,
-                                     const CostCurve* actual) {
+                                     const CostCurve* actual, const NgramTable* corpus) {
     validate(curve);
     if (actual) validate(*actual);
     const CostCurve& charged = actual ? *actual : curve;
@@ -56,7 +56,7 @@ std::vector<ReplaySteps> replay_auto(const std::vector<ReplayRequest>& requests,
                                        (request.prompt.empty() ? "prompt" : "output"));
         }
         std::unique_ptr<Drafter> drafter =
-            make_auto_drafter(nullptr, nullptr, costs, stats, &pool, lookup, pool_params, model_free);
+            make_auto_drafter(nullptr, nullptr, costs, stats, &pool, lookup, pool_params, model_free, {}, corpus);
         std::vector<int32_t> committed = request.prompt;
         drafter->begin(committed);
         ReplaySteps steps;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <numeric>
 #include <string>
 
@@ -78,7 +79,17 @@ constexpr int32_t kHead = kLookupContested + 1;
 // m^2 / (m^2 + 4) (0.986 for the 17-24 bucket), at most kLongCopyPriorMax.
 constexpr int32_t kLongCopy = 17;
 constexpr double kLongCopyPriorMax = 0.99;
+// Corpus nodes (kind_corpus) by confidence bucket, kCorpusBucketStart[i] the lowest of bucket i.
+constexpr int32_t kFirstCorpus = kHead + 1, kCorpusKinds = 8;
+constexpr double kCorpusBucketStart[kCorpusKinds] = {0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95};
+// Their prior means: what each bucket's nodes were accepted at (benchmarks/corpus_priors.py: a
+// table of ShareGPT answers, the recorded greedy outputs of the ShareGPT suite), lower than the
+// confidence itself, since the corpus was not written by the target.
+constexpr double kCorpusPrior[kCorpusKinds] = {0.2, 0.25, 0.3, 0.4, 0.45, 0.55, 0.7, 0.85};
+static_assert(kFirstCorpus + kCorpusKinds <= kNumKinds, "node kinds must fit kNumKinds");
 static_assert(kHead < kNumKinds, "node kinds must fit kNumKinds");
+
+bool is_corpus_kind(int32_t kind) { return kind >= kFirstCorpus && kind < kFirstCorpus + kCorpusKinds; }
 
 bool is_lookup_output_kind(int32_t kind) {
     return kind >= kFirstLookupOutput && kind < kFirstLookupOutput + kMatchBuckets;
@@ -88,6 +99,7 @@ double prior_mean(int32_t kind) {
     if (kind == kLookupContested) return kContestedPrior;
     if (is_model_kind(uint8_t(kind))) return (kind - kFirstModel + 0.5) / kModelKinds;
     if (kind == kHead) return kHeadPrior;
+    if (is_corpus_kind(kind)) return kCorpusPrior[kind - kFirstCorpus];
     if (kind >= kFirstLookup && kind < kFirstPool && kBucketStart[kind - kFirstLookup] >= kLongCopy) {
         const double m = kBucketStart[kind - kFirstLookup];
         return std::min(kLongCopyPriorMax, m * m / (m * m + 4.0));
@@ -121,6 +133,11 @@ uint8_t kind_lookup_output(int32_t root_match_len) {
     return uint8_t(kFirstLookupOutput + match_bucket(root_match_len));
 }
 uint8_t kind_head() { return uint8_t(kHead); }
+uint8_t kind_corpus(double confidence) {
+    int32_t b = 0;
+    while (b + 1 < kCorpusKinds && kCorpusBucketStart[b + 1] <= confidence) ++b;
+    return uint8_t(kFirstCorpus + b);
+}
 bool is_model_kind(uint8_t kind) { return kind >= kFirstModel && kind < kFirstModel + kModelKinds; }
 std::string kind_name(uint8_t kind) {
     const auto bucket = [](int32_t b) { return " m" + std::to_string(kBucketStart[b]); };
@@ -131,6 +148,11 @@ std::string kind_name(uint8_t kind) {
     if (is_lookup_output_kind(kind)) return "lookup-output" + bucket(kind - kFirstLookupOutput);
     if (kind == kLookupContested) return "contested";
     if (kind == kHead) return "head";
+    if (is_corpus_kind(kind)) {
+        char buf[32];
+        std::snprintf(buf, sizeof(buf), "corpus c%.2g", kCorpusBucketStart[kind - kFirstCorpus]);
+        return buf;
+    }
     return "unknown";
 }
 bool kind_has_depth(uint8_t kind) {
@@ -227,7 +249,7 @@ void ProposalScorer::add(int32_t position, const std::vector<int32_t>& tokens, c
 
 void ProposalScorer::score(const std::vector<int32_t>& committed) {
     const int32_t n_committed = int32_t(committed.size());
-    if (int32_t(scored_.size()) < n_committed) scored_.resize(size_t(n_committed), {0, 0});
+    if (int32_t(scored_.size()) < n_committed) scored_.resize(size_t(n_committed));
     size_t n_alive = 0;
     for (size_t j = 0; j < pending_.size(); ++j) {
         Pending& p = pending_[j];
@@ -236,10 +258,10 @@ void ProposalScorer::score(const std::vector<int32_t>& committed) {
             const int32_t pos = p.position + p.depth;
             p.node = score_children(p.tokens, p.parents, p.node, committed[size_t(pos)], [&](int32_t i, bool accepted) {
                 const uint8_t kind = kind_of(p.kinds, i);
-                uint64_t& seen = scored_[size_t(pos)][accepted ? 0 : 1];
-                const uint64_t bit = uint64_t(1) << (kind < kNumKinds ? kind : kKindUnknown);
-                if (kind_has_depth(kind) || !(seen & bit)) {
-                    seen |= bit;
+                std::bitset<kNumKinds>& seen = scored_[size_t(pos)][accepted ? 0 : 1];
+                const size_t bit = kind < kNumKinds ? kind : kKindUnknown;
+                if (kind_has_depth(kind) || !seen[bit]) {
+                    seen[bit] = true;
                     stats_.record(kind, p.depth, accepted);
                 }
             });

@@ -17,6 +17,7 @@
 #include "spec/cost_model.h"
 #include "spec/drafter.h"
 #include "spec/model.h"
+#include "spec/ngram_table.h"
 #include "spec/phrase_pool.h"
 #include "spec/rng.h"
 #include "spec/sampling.h"
@@ -196,6 +197,15 @@ public:
     int64_t head_version() const;  // heads installed so far (0: never one)
     std::string head_path() const;  // "" without a head
 
+    // The static n-gram table method auto drafts from where nothing is copied (spec/ngram_table.h,
+    // AutoParams::use_corpus): at most one per engine. load_ngram reads and checks the file
+    // against the target's vocabulary (NgramFileError) and installs it; a bad file leaves the old
+    // table in place. Like the head, installed and removed between generations.
+    void load_ngram(const std::string& path);
+    void remove_ngram();  // no-op without a table
+    std::string ngram_path() const;  // "" without a table
+    int64_t ngram_size() const;      // entries of the table (0 without one)
+
     // Generates from already tokenized input. Throws InvalidArgumentError / ContextOverflowError
     // for bad input before touching the models; a cancelled generation returns normally with
     // finish_reason "cancelled" and leaves the engine ready for the next call. An exception after
@@ -278,6 +288,7 @@ private:
     std::shared_ptr<PhrasePool> pool_;
     CostModel target_costs_;
     std::unique_ptr<DraftHead> head_;  // guarded like the slots: replaced between generations
+    std::unique_ptr<NgramTable> ngram_;  // guarded like the head
     int64_t head_version_ = 0;
     // What method auto learnt of the head (spec/drafter.h, AutoHead): its step cost and
     // acceptance, across requests; forgotten when the head is replaced or removed.

@@ -13,6 +13,8 @@
 
 namespace spec {
 
+class NgramTable;  // spec/ngram_table.h
+
 class Model;
 
 // The most tokens one step may propose (chains; trees are further bounded by kMaxTreeSeqs - 1
@@ -217,6 +219,15 @@ struct AutoParams {
     // Plan with the engine's cost model as corrected from the steps it has timed
     // (spec/cost_model.h); false: with the calibrated curve alone.
     bool adapt_costs = true;
+    // Propose from the engine's static n-gram table (spec/ngram_table.h) when it has one: a
+    // chain of the table's predictions after the committed tokens, up to corpus_max_depth nodes
+    // of confidence >= kCorpusMinConfidence, each from a context seen >= corpus_min_total times,
+    // as one more branch of the free proposal (skipped when a lookup or pool branch already
+    // starts with its first token). Its nodes are kind_corpus nodes and pay only where the
+    // statistics say they are accepted often enough.
+    bool use_corpus = true;
+    int32_t corpus_max_depth = 8;
+    int32_t corpus_min_total = 10;
 };
 
 // Throws InvalidArgumentError naming the bad field.
@@ -246,10 +257,10 @@ struct AutoHead {
 // chain when that is the best of the three. stats is updated after every step and outlives the request.
 // draft_model / draft_cost may be null: no model (the engine passes null when
 // params.use_draft_model is off or the request is seeded and sampled); target_cost must not be
-// empty.
+// empty. corpus: the engine's n-gram table (null: none, or params.use_corpus off).
 std::unique_ptr<Drafter> make_auto_drafter(Model* draft_model, const CostCurve* draft_cost, const CostModel& target_cost,
                                            AcceptanceStats& stats, PhrasePool* pool, const LookupParams& lookup,
                                            const PoolParams& pool_params, const AutoParams& params,
-                                           const AutoHead& head = {});
+                                           const AutoHead& head = {}, const NgramTable* corpus = nullptr);
 
 }  // namespace spec

@@ -62,6 +62,7 @@ struct DrafterResources {
     DraftHead* head = nullptr;               // the head when the method uses it (method_uses_head)
     CostModel* head_cost = nullptr;          // with head, for needs_cost_curves: its step cost
     AcceptanceStats* head_acceptance = nullptr;  // and its running statistics (spec/drafter.h, AutoHead)
+    const NgramTable* corpus = nullptr;      // the engine's n-gram table, when it has one (method auto)
 };
 
 struct DrafterMethod {

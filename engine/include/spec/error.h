@@ -54,6 +54,12 @@ struct HeadMismatchError : Error {
     using Error::Error;
 };
 
+// An n-gram table file (spec/ngram_table.h) is missing, truncated, corrupt, of another format
+// version, or built for another vocabulary.
+struct NgramFileError : Error {
+    using Error::Error;
+};
+
 // The engine was used after close().
 struct ClosedError : Error {
     using Error::Error;

@@ -36,11 +36,11 @@ struct ReplaySteps {
 // acceptance statistics, one phrase pool and one cost model (as one Engine serving them), the
 // cost model's prior being `curve` and every step observed at `actual`'s time (null: the curve's
 // own; a curve measured at a long context replays a calibration that is wrong for the context).
-// Throws InvalidArgumentError for invalid parameters or a request with an empty prompt or
-// output.
+// corpus: an n-gram table auto also drafts from (null: none). Throws InvalidArgumentError for
+// invalid parameters or a request with an empty prompt or output.
 std::vector<ReplaySteps> replay_auto(const std::vector<ReplayRequest>& requests, const CostCurve& curve,
                                      const LookupParams& lookup, const PoolParams& pool_params,
                                      const PhrasePoolParams& pool_settings, const AutoParams& params,
-                                     const CostCurve* actual = nullptr);
+                                     const CostCurve* actual = nullptr, const NgramTable* corpus = nullptr);
 
 }  // namespace spec

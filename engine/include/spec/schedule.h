@@ -13,6 +13,7 @@
 #pragma once
 
 #include <array>
+#include <bitset>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -83,15 +84,20 @@ uint8_t kind_lookup_contested();
 // where the costs let it pay at all, and dropped once its real acceptance shows it does not. 61.
 uint8_t kind_head();
 constexpr double kHeadPrior = 0.8;
+// A node of the static n-gram table (spec/ngram_table.h), by its confidence count / (total + 1):
+// buckets from 0.3 in steps of 0.1 up to 0.9, then 0.9-0.95 and 0.95 and above. Not keyed by
+// depth: each node's confidence is already its own given the nodes above it. 62..69.
+uint8_t kind_corpus(double confidence);
+constexpr double kCorpusMinConfidence = 0.3;  // the corpus drafter proposes no node below this
 bool is_model_kind(uint8_t kind);
 // A readable name of a node kind for reports: "lookup m4" (prompt lookup, match bucket from 4),
 // "pool m2", "lookup-output m3", "lookup-end", "contested", "model p0.7" (decile from 0.7),
-// "head", "unknown".
+// "head", "corpus c0.9" (confidence bucket from 0.9), "unknown".
 std::string kind_name(uint8_t kind);
 // Whether a node's acceptance is also keyed by its depth (draft-model and unknown nodes);
 // context-match kinds carry their depth in the match length already.
 bool kind_has_depth(uint8_t kind);
-constexpr int32_t kNumKinds = 64;         // room for more drafters' kinds
+constexpr int32_t kNumKinds = 80;         // room for more drafters' kinds
 constexpr int32_t kKindDepths = 8;        // depths 0..6 apart, 7 and deeper together
 
 // Running acceptance statistics per (kind, depth): a Beta-like estimate with a prior mean per
@@ -168,8 +174,7 @@ private:
     AcceptanceStats& stats_;
     std::vector<Pending> pending_;
     // [position] kinds already scored there: [0] accepted, [1] rejected (one bit per kind).
-    std::vector<std::array<uint64_t, 2>> scored_;
-    static_assert(kNumKinds <= 64, "scored_ keeps one bit per node kind");
+    std::vector<std::array<std::bitset<kNumKinds>, 2>> scored_;
 };
 
 // The nodes of a draft worth verifying.
