@@ -138,6 +138,32 @@ def write_table(path: str | os.PathLike[str], columns: dict[str, np.ndarray], *,
     return out
 
 
+def read_table(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A table file's header fields and columns (no checks beyond the magic; the engine checks all)."""
+    data = Path(path).read_bytes()
+    if data[:8] != MAGIC:
+        raise ValueError(f"{path}: not an n-gram table")
+    version, n_vocab, min_context, max_context, n = struct.unpack_from("<IIIIQ", data, 8)
+    off = 8 + 24 + 16
+    cols = {}
+    for name, dtype, size in (("keys", "<u8", 8), ("tokens", "<i4", 4), ("counts", "<u4", 4), ("totals", "<u4", 4)):
+        cols[name] = np.frombuffer(data, dtype=dtype, count=n, offset=off)
+        off += size * n
+    return {"version": version, "n_vocab": n_vocab, "min_context": min_context, "max_context": max_context,
+            "vocab_fingerprint": data[32:48].decode("ascii"), **cols}
+
+
+def predict(table: dict[str, Any], context: Sequence[int], min_total: int) -> tuple[int, int, int] | None:
+    """(token, count, total) after context as the engine's NgramTable::predict finds it, or None."""
+    keys = table["keys"]
+    for c in range(min(table["max_context"], len(context)), table["min_context"] - 1, -1):
+        key = context_keys(np.asarray(context, dtype=np.int64), np.array([len(context)]), c)[0]
+        i = int(np.searchsorted(keys, key))
+        if i < len(keys) and keys[i] == key and table["totals"][i] >= min_total:
+            return int(table["tokens"][i]), int(table["counts"][i]), int(table["totals"][i])
+    return None
+
+
 def sharegpt_answers(max_chars: int = DEFAULT_MAX_CHARS, *, progress: bool | None = None) -> Iterator[str]:
     """Assistant turns of the ShareGPT conversations, up to about max_chars characters."""
     from .data import dataset_file, iter_json_array

@@ -8,7 +8,7 @@ import logging
 import sys
 from typing import TYPE_CHECKING, Any
 
-from .cli import add_engine_options, engine_options
+from .cli import add_engine_options, add_ngram_option, engine_options
 from .config import METHODS, GenerationConfig
 from .online.config import TRAIN_BLOCKS_HELP, DistillConfig  # no torch: plain settings
 
@@ -34,6 +34,7 @@ def register_cli(sub: Any) -> None:
                    help="layers to offload, -1 all (GPU builds only; default $PYSPEC_N_GPU_LAYERS, else 0)")
     p.add_argument("--seed", type=int, default=0, help="seed of the engine's random stream")
     add_engine_options(p)
+    add_ngram_option(p)
     p.add_argument("--no-prefix-cache", action="store_true",
                    help="evaluate every prompt from scratch instead of reusing the KV cache of the longest "
                         "common prefix with the previous request")
@@ -109,7 +110,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         n_threads=args.threads, n_gpu_layers=args.n_gpu_layers, seed=args.seed,
         prefix_cache=not args.no_prefix_cache, pool_capacity=args.pool_capacity, defaults=defaults,
         pool_file=args.pool_file,
-        pool_save_interval_s=args.pool_save_interval, online=online, **engine_options(args),
+        pool_save_interval_s=args.pool_save_interval, online=online, ngram=args.ngram, **engine_options(args),
     )
     level = logging.getLogger().getEffectiveLevel()
     logging.getLogger("pyspec").setLevel(min(level, logging.INFO))  # startup, pool and update lines

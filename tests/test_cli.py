@@ -95,6 +95,11 @@ def test_repack_and_huge_pages_reach_the_engine(command: str, tiny_target: str, 
         with pytest.raises(_EngineMade):
             main([*argv, *extra])
         assert (made[-1]["repack"], made[-1]["huge_pages"]) == expected
+    if command != "calibrate":  # --ngram: the commands that generate with auto
+        assert made[-1].get("ngram") is None
+        with pytest.raises(_EngineMade):
+            main([*argv, "--ngram", "table.ngram"])
+        assert made[-1]["ngram"] == "table.ngram"
     with pytest.raises(SystemExit):
         build_parser().parse_args([*argv, "--repack", "amx"])
 

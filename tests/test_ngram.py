@@ -138,3 +138,13 @@ def test_build_cli_writes_a_table_from_text_files(tiny_target: str, tmp_path: Pa
                  "--min-total", "5", "--no-progress"]) == 0
     with pyspec.Engine(tiny_target, n_ctx=256, n_threads=2, ngram=out) as engine:
         assert engine.ngram_size > 0
+
+
+def test_bad_corpus_settings_are_named() -> None:
+    params = pyspec.GenerationConfig(method="auto").to_core()
+    curve = pyspec.CostCurve((1, 64), (10.0, 10.0))._core()
+    for field, value in (("corpus_min_total", 0), ("corpus_max_depth", -1)):
+        bad = pyspec.GenerationConfig(method="auto").to_core().scheduler
+        setattr(bad, field, value)
+        with pytest.raises(pyspec.InvalidArgumentError, match=f"auto {field}"):
+            _core.replay_auto([([1, 2], [3, 4])], curve, params.lookup, params.pool, bad)

@@ -330,6 +330,13 @@ void validate(const AutoParams& params) {
                                    std::to_string(params.max_nodes));
     }
     if (params.max_gamma < 1) throw InvalidArgumentError("auto max_gamma must be >= 1, got " + std::to_string(params.max_gamma));
+    if (params.corpus_max_depth < 0 || params.corpus_max_depth > kMaxDraftTokens) {
+        throw InvalidArgumentError("auto corpus_max_depth must be in [0, " + std::to_string(kMaxDraftTokens) + "], got " +
+                                   std::to_string(params.corpus_max_depth));
+    }
+    if (params.corpus_min_total < 1) {
+        throw InvalidArgumentError("auto corpus_min_total must be >= 1, got " + std::to_string(params.corpus_min_total));
+    }
 }
 
 std::unique_ptr<Drafter> make_auto_drafter(Model* draft_model, const CostCurve* draft_cost, const CostModel& target_cost,

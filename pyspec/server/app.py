@@ -48,6 +48,7 @@ class ServerSettings:
     pool_capacity: int | None = None  # phrases the phrase pool keeps at most (None: the engine's default)
     repack: bool | str | None = None  # Engine's repack (None: weights on CPUs with AMX, all elsewhere)
     huge_pages: bool = True  # Engine's huge_pages
+    ngram: str | None = None  # Engine's ngram: an n-gram table auto also drafts from ("default": the cached ShareGPT one)
     # Defaults of every request; a request's own fields (OpenAI's and the speculative extra
     # fields) override them. temperature 1.0 and top_p 1.0 are OpenAI's defaults.
     defaults: GenerationConfig = field(default_factory=lambda: GenerationConfig(temperature=1.0))
@@ -92,7 +93,7 @@ def _start(settings: ServerSettings, engine: Engine | None) -> ServerState:
         engine = Engine(settings.target, draft=settings.draft, n_ctx=settings.n_ctx, n_batch=settings.n_batch,
                         n_threads=settings.n_threads, n_gpu_layers=settings.n_gpu_layers, seed=settings.seed,
                         prefix_cache=settings.prefix_cache, pool_capacity=settings.pool_capacity,
-                        repack=settings.repack, huge_pages=settings.huge_pages)
+                        repack=settings.repack, huge_pages=settings.huge_pages, ngram=settings.ngram)
     metrics = ServerMetrics()
     pool = None
     if settings.pool_file:
