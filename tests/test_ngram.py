@@ -148,3 +148,28 @@ def test_bad_corpus_settings_are_named() -> None:
         setattr(bad, field, value)
         with pytest.raises(pyspec.InvalidArgumentError, match=f"auto {field}"):
             _core.replay_auto([([1, 2], [3, 4])], curve, params.lookup, params.pool, bad)
+
+
+def test_fuzzed_tables_load_or_are_named(tiny_target: str, tmp_path: Path) -> None:
+    """Random bytes of a valid table changed, the checksum recomputed so the checks behind it run:
+    each file loads or raises NgramFileError, and the engine keeps generating."""
+    rng = np.random.default_rng(1)
+    with pyspec.Engine(tiny_target, n_ctx=256, n_threads=2) as engine:
+        half = engine._core.n_vocab // 2
+        seqs = [rng.integers(0, half, size=30).tolist() for _ in range(3)] * 4
+        data = bytearray(_table(engine, seqs, tmp_path / "good.ngram").read_bytes())
+        body = len(data) - 8
+        bad = tmp_path / "fuzzed.ngram"
+        outcomes = {"loaded": 0, "refused": 0}
+        for _ in range(200):
+            fuzzed = bytearray(data[:body])
+            for _ in range(int(rng.integers(1, 4))):
+                fuzzed[int(rng.integers(0, body))] = int(rng.integers(0, 256))
+            bad.write_bytes(bytes(fuzzed) + struct.pack("<Q", _core.fnv1a64(bytes(fuzzed))))
+            try:
+                engine.load_ngram(bad)
+                outcomes["loaded"] += 1
+            except pyspec.NgramFileError:
+                outcomes["refused"] += 1
+        assert outcomes["refused"] > 0 and sum(outcomes.values()) == 200
+        assert len(engine.generate("The quick brown fox", max_tokens=8).tokens) == 8
