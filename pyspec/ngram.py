@@ -7,7 +7,7 @@ keeps the nodes its running statistics say pay (AutoParams::use_corpus). The def
 the assistant answers of the ShareGPT conversations (`pyspec data list`), none of the benchmark
 suites' prompts or answers.
 
-    pyspec ngram build                   # ShareGPT answers -> ~/.cache/pyspec/ngram/<vocab>.ngram
+    pyspec ngram build                   # ShareGPT answers -> ~/.cache/pyspec/ngram/sharegpt-<vocab fingerprint>.ngram
     Engine(target, ngram="default")      # that table (built on first use when missing)
 """
 
