@@ -136,6 +136,7 @@ def main() -> int:
         actual = calibration.CostCurve(tuple(measured["n_tokens"]), tuple(measured["ms"]))
     params = GenerationConfig(method="auto").to_core()
     params.lookup.stop_tokens = [] if args.no_stop_tokens else engine._core.control_tokens()  # as the engine
+    corpus = engine._core.load_ngram(str(args.ngram)) if args.ngram else None  # checked against the target
     jobs = [recorded_runs(p) for p in args.bench]
     jobs += [(s, generated_runs(engine, s, args.n, args.max_tokens)) for s in args.suite]
     report = {}
@@ -144,8 +145,7 @@ def main() -> int:
         requests = [(prompts[pid], tokens) for pid, tokens in runs if tokens]
         ids = [pid for pid, tokens in runs if tokens]
         replayed = _core.replay_auto(requests, core_curve, params.lookup, params.pool, params.scheduler,
-                                     actual=actual._core(), ngram_path=str(args.ngram or ""),
-                                     n_vocab=engine._core.n_vocab, vocab_fingerprint=engine.vocab_fingerprint)
+                                     actual=actual._core(), corpus=corpus)
         rows = []
         kinds_table: dict[str, list[float]] = {}  # kind -> [steps, drafted, accepted, gained ms, lost ms]
         for pid, (_, output), (sizes, accepted, kinds) in zip(ids, requests, replayed):

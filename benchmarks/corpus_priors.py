@@ -31,7 +31,7 @@ def main() -> int:
     ap.add_argument("--table", type=Path, required=True)
     ap.add_argument("--min-total", type=int, default=10)
     args = ap.parse_args()
-    table = ngram.read_table(args.table)
+    table = ngram.open_table(args.table)
     for path in args.bench:
         report = json.loads(path.read_text(encoding="utf-8"))
         outputs = [p["tokens"] for r in report["results"] if r["method"] == "none" for p in r["per_prompt"]]
@@ -40,7 +40,7 @@ def main() -> int:
         for tokens in outputs:
             for i in range(4, len(tokens)):
                 n_positions += 1
-                found = ngram.predict(table, tokens[:i], args.min_total)
+                found = table.predict(tokens[:i], args.min_total)
                 if found is None or found[1] / (found[2] + 1) < BUCKETS[0]:
                     continue
                 b = bucket(found[1] / (found[2] + 1))

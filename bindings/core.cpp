@@ -12,6 +12,7 @@
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
+#include "spec/checksum.h"
 #include "spec/decoder.h"
 #include "spec/drafter_registry.h"
 #include "spec/error.h"
@@ -237,12 +238,22 @@ NB_MODULE(_core, m) {
     m.def("kind_model", &spec::kind_model, "probability"_a);
     m.def("kind_lookup_contested", &spec::kind_lookup_contested);
     m.def("kind_corpus", &spec::kind_corpus, "confidence"_a);
-    m.def("fnv1a64", [](const nb::bytes& data) {
-        uint64_t h = 0xcbf29ce484222325ULL;
-        const auto* p = static_cast<const unsigned char*>(data.data());
-        for (size_t i = 0; i < data.size(); ++i) h = (h ^ p[i]) * 0x100000001b3ULL;
-        return h;
-    }, "data"_a, "FNV-1a 64 of bytes (the checksum of n-gram table files).");
+    m.def("fnv1a64", [](const nb::bytes& data) { return spec::fnv1a64(data.data(), data.size()); }, "data"_a,
+          "FNV-1a 64 of bytes (spec/checksum.h: the checksum of pyspec's file formats).");
+    m.attr("CORPUS_MIN_CONFIDENCE") = spec::kCorpusMinConfidence;
+
+    nb::class_<spec::NgramTable>(m, "NgramTable", "A static n-gram table (spec/ngram_table.h).")
+        .def_static("load", [](const std::string& path, int32_t n_vocab, const std::string& vocab_fingerprint) {
+            return std::make_unique<spec::NgramTable>(spec::NgramTable::load(path, n_vocab, vocab_fingerprint));
+        }, "path"_a, "n_vocab"_a, "vocab_fingerprint"_a)
+        .def("predict", [](const spec::NgramTable& t, const std::vector<int32_t>& tokens,
+                           uint32_t min_total) -> std::optional<std::tuple<int32_t, uint32_t, uint32_t>> {
+            spec::NgramTable::Hit hit;
+            if (!t.predict(tokens.data(), int32_t(tokens.size()), min_total, hit)) return std::nullopt;
+            return std::make_tuple(hit.token, hit.count, hit.total);
+        }, "tokens"_a, "min_total"_a, "(token, count, total) after tokens, as method auto looks it up; None when none.")
+        .def_prop_ro("size", &spec::NgramTable::size)
+        .def_prop_ro("path", &spec::NgramTable::path);
     m.def("ngram_key", [](const std::vector<int32_t>& context) {
         return spec::ngram_key(context.data(), int32_t(context.size()));
     }, "context"_a, "The n-gram table key of a context (spec/ngram_table.h), for tests and tools.");
@@ -281,10 +292,7 @@ NB_MODULE(_core, m) {
     m.def("replay_auto", [](const std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>>& requests,
                             const spec::CostCurve& curve, const spec::LookupParams& lookup,
                             const spec::PoolParams& pool, const spec::AutoParams& params, size_t pool_capacity,
-                            std::optional<spec::CostCurve> actual, const std::string& ngram_path, int32_t n_vocab,
-                            const std::string& vocab_fingerprint) {
-        std::optional<spec::NgramTable> corpus;
-        if (!ngram_path.empty()) corpus = spec::NgramTable::load(ngram_path, n_vocab, vocab_fingerprint);
+                            std::optional<spec::CostCurve> actual, const spec::NgramTable* corpus) {
         std::vector<spec::ReplayRequest> reqs;
         reqs.reserve(requests.size());
         for (const auto& [prompt, output] : requests) reqs.push_back({prompt, output});
@@ -294,14 +302,14 @@ NB_MODULE(_core, m) {
         {
             nb::gil_scoped_release release;
             for (auto& steps : spec::replay_auto(reqs, curve, lookup, pool, settings, params,
-                                                 actual ? &*actual : nullptr, corpus ? &*corpus : nullptr)) {
+                                                 actual ? &*actual : nullptr, corpus)) {
                 std::vector<int32_t> kinds(steps.first_kinds.begin(), steps.first_kinds.end());
                 out.emplace_back(std::move(steps.sizes), std::move(steps.accepted), std::move(kinds));
             }
         }
         return out;
     }, "requests"_a, "curve"_a, "lookup"_a, "pool"_a, "params"_a, "pool_capacity"_a = size_t(65536),
-       "actual"_a = nb::none(), "ngram_path"_a = "", "n_vocab"_a = 0, "vocab_fingerprint"_a = "");
+       "actual"_a = nb::none(), "corpus"_a = nb::none());
 
     nb::class_<spec::LookupParams>(m, "LookupParams")
         .def(nb::init<>())
@@ -533,7 +541,8 @@ NB_MODULE(_core, m) {
         .def_prop_ro("head_version", &spec::Engine::head_version)
         .def_prop_ro("head_path", &spec::Engine::head_path)
         .def("load_ngram", &spec::Engine::load_ngram, "path"_a, nb::call_guard<nb::gil_scoped_release>())
-        .def("remove_ngram", &spec::Engine::remove_ngram)
+        .def("swap_ngram", &spec::Engine::swap_ngram, "table"_a, nb::call_guard<nb::gil_scoped_release>())
+        .def("remove_ngram", &spec::Engine::remove_ngram, nb::call_guard<nb::gil_scoped_release>())
         .def_prop_ro("ngram_path", &spec::Engine::ngram_path)
         .def_prop_ro("ngram_size", &spec::Engine::ngram_size)
         .def_prop_ro("vocab_fingerprint", [](spec::Engine& e) { return spec::vocab_fingerprint(*e.shared_target()); })

@@ -325,8 +325,9 @@ class Engine:
         path = os.fspath(path)
         if not os.path.isfile(path):
             raise FileNotFoundError(f"n-gram table not found: {path}")
+        table = self._core.load_ngram(path)  # no lock: generations go on meanwhile
         with self._lock:
-            self._core.load_ngram(path)
+            self._core.swap_ngram(table)
 
     def remove_ngram(self) -> None:
         """Drops the n-gram table (after a running generation ends)."""

@@ -23,6 +23,8 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from ._core import CORPUS_MIN_CONFIDENCE
+
 log = logging.getLogger("pyspec.ngram")
 
 MAGIC = b"SPECNGRM"
@@ -32,8 +34,7 @@ MAX_CONTEXT = 4
 # Entries kept: contexts seen at least this often whose likeliest next token has a confidence
 # count / (total + 1) of at least the corpus drafter's floor (kCorpusMinConfidence).
 DEFAULT_MIN_TOTAL = 10
-MIN_CONFIDENCE = 0.3
-DEFAULT_MAX_CHARS = 100_000_000  # of ShareGPT answers: ~22M tokens, ~1.5 min to build on 2 cores
+DEFAULT_MAX_CHARS = 100_000_000  # of ShareGPT answers: 20.1M tokens, ~1.5 min to build on 2 cores
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -95,7 +96,7 @@ def count_ngrams(sequences: Iterable[Sequence[int]], *, min_context: int = MIN_C
         first[1:] = group[best][1:] != group[best][:-1]
         best = best[first]
         count = pair_count[best]
-        keep = (total >= min_total) & (count / (total + 1.0) >= MIN_CONFIDENCE)
+        keep = (total >= min_total) & (count / (total + 1.0) >= CORPUS_MIN_CONFIDENCE)
         columns.append((pair_key[best][keep], pair_next[best][keep].astype(np.int32),
                         count[keep].astype(np.uint32), total[keep].astype(np.uint32)))
     if not columns:
@@ -138,30 +139,24 @@ def write_table(path: str | os.PathLike[str], columns: dict[str, np.ndarray], *,
     return out
 
 
-def read_table(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """A table file's header fields and columns (no checks beyond the magic; the engine checks all)."""
-    data = Path(path).read_bytes()
-    if data[:8] != MAGIC:
+def read_header(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A table file's header: version, n_vocab, context sizes, entries, vocabulary fingerprint
+    (what `_core.NgramTable.load` needs to open it without an engine; it checks the rest)."""
+    with open(path, "rb") as f:
+        data = f.read(48)
+    if data[:8] != MAGIC or len(data) < 48:
         raise ValueError(f"{path}: not an n-gram table")
     version, n_vocab, min_context, max_context, n = struct.unpack_from("<IIIIQ", data, 8)
-    off = 8 + 24 + 16
-    cols = {}
-    for name, dtype, size in (("keys", "<u8", 8), ("tokens", "<i4", 4), ("counts", "<u4", 4), ("totals", "<u4", 4)):
-        cols[name] = np.frombuffer(data, dtype=dtype, count=n, offset=off)
-        off += size * n
     return {"version": version, "n_vocab": n_vocab, "min_context": min_context, "max_context": max_context,
-            "vocab_fingerprint": data[32:48].decode("ascii"), **cols}
+            "n_entries": n, "vocab_fingerprint": data[32:48].decode("ascii")}
 
 
-def predict(table: dict[str, Any], context: Sequence[int], min_total: int) -> tuple[int, int, int] | None:
-    """(token, count, total) after context as the engine's NgramTable::predict finds it, or None."""
-    keys = table["keys"]
-    for c in range(min(table["max_context"], len(context)), table["min_context"] - 1, -1):
-        key = context_keys(np.asarray(context, dtype=np.int64), np.array([len(context)]), c)[0]
-        i = int(np.searchsorted(keys, key))
-        if i < len(keys) and keys[i] == key and table["totals"][i] >= min_total:
-            return int(table["tokens"][i]), int(table["counts"][i]), int(table["totals"][i])
-    return None
+def open_table(path: str | os.PathLike[str]) -> Any:
+    """The engine's NgramTable for a file, without a model (for replays and tools)."""
+    from ._core import NgramTable
+
+    header = read_header(path)
+    return NgramTable.load(os.fspath(path), header["n_vocab"], header["vocab_fingerprint"])
 
 
 def sharegpt_answers(max_chars: int = DEFAULT_MAX_CHARS, *, progress: bool | None = None) -> Iterator[str]:

@@ -84,8 +84,7 @@ def _replay(engine: pyspec.Engine, prompt: list[int], output: list[int], table: 
     params.scheduler.use_corpus = corpus
     ((sizes, accepted, kinds),) = _core.replay_auto(
         [(prompt, output)], pyspec.CostCurve((1, 64), (10.0, 10.0))._core(), params.lookup, params.pool,
-        params.scheduler, ngram_path=str(table or ""), n_vocab=engine._core.n_vocab,
-        vocab_fingerprint=engine.vocab_fingerprint)
+        params.scheduler, corpus=engine._core.load_ngram(str(table)) if table else None)
     assert sum(a + 1 for a in accepted) == len(output)
     return list(sizes), list(accepted), list(kinds)
 

@@ -389,11 +389,16 @@ std::string Engine::head_path() const {
     return head_ ? head_->path() : std::string();
 }
 
-void Engine::load_ngram(const std::string& path) {
+std::unique_ptr<NgramTable> Engine::load_ngram(const std::string& path) const {
+    if (!target_) throw ClosedError("engine is closed");
+    return std::make_unique<NgramTable>(NgramTable::load(path, target_->n_vocab(), vocab_fingerprint(*target_)));
+}
+
+void Engine::swap_ngram(std::unique_ptr<NgramTable> table) {
     check_open();
-    auto table = std::make_unique<NgramTable>(NgramTable::load(path, target_->n_vocab(), vocab_fingerprint(*target_)));
+    if (!table) throw InvalidArgumentError("swap_ngram needs a table");
     std::lock_guard<std::mutex> lock(drafts_mutex_);
-    ngram_.swap(table);
+    ngram_.swap(table);  // the old table is freed when `table` goes, after the lock
 }
 
 void Engine::remove_ngram() {

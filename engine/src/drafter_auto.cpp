@@ -172,20 +172,20 @@ private:
                         committed.end());
         const size_t n_context = context_.size();
         corpus_kinds_.clear();
+        const bool chain = free_.parents.empty();
         NgramTable::Hit hit;
         while (int32_t(corpus_kinds_.size()) < room &&
                corpus_->predict(context_.data(), int32_t(context_.size()), uint32_t(params_.corpus_min_total), hit) &&
                hit.confidence() >= kCorpusMinConfidence) {
+            if (corpus_kinds_.empty()) {  // a branch below the root already starting so: nothing to add
+                for (size_t i = 0; i < free_.tokens.size(); ++i) {
+                    if ((chain ? i == 0 : free_.parents[i] < 0) && free_.tokens[i] == hit.token) return;
+                }
+            }
             context_.push_back(hit.token);
             corpus_kinds_.push_back(kind_corpus(hit.confidence()));
         }
         if (corpus_kinds_.empty()) return;
-        const int32_t first = context_[n_context];
-        const bool chain = free_.parents.empty();
-        for (size_t i = 0; i < free_.tokens.size(); ++i) {
-            const bool at_root = chain ? i == 0 : free_.parents[i] < 0;
-            if (at_root && free_.tokens[i] == first) return;
-        }
         // Alone it stays a chain (parents empty); beside other branches the tree gets its parents.
         const bool alone = free_.tokens.empty();
         if (free_.kinds.size() < free_.tokens.size()) free_.kinds.resize(free_.tokens.size(), kKindUnknown);

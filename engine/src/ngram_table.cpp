@@ -7,6 +7,7 @@
 #include <iterator>
 #include <string>
 
+#include "spec/checksum.h"
 #include "spec/error.h"
 
 namespace spec {
@@ -24,12 +25,6 @@ uint64_t splitmix64(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
     return z ^ (z >> 31);
-}
-
-uint64_t fnv1a(const char* bytes, size_t n) {
-    uint64_t h = 0xcbf29ce484222325ULL;
-    for (size_t i = 0; i < n; ++i) h = (h ^ uint8_t(bytes[i])) * 0x100000001b3ULL;
-    return h;
 }
 
 template <typename T>
@@ -69,7 +64,7 @@ NgramTable NgramTable::load(const std::string& path, int32_t n_vocab, const std:
         fail("truncated or padded: " + std::to_string(bytes.size()) + " bytes for " + std::to_string(n) + " entries");
     }
     const size_t body = kHeaderBytes + n * kEntryBytes;
-    if (fnv1a(bytes.data(), body) != read_le<uint64_t>(bytes.data() + body)) fail("checksum mismatch (corrupt file)");
+    if (fnv1a64(bytes.data(), body) != read_le<uint64_t>(bytes.data() + body)) fail("checksum mismatch (corrupt file)");
     if (int64_t(file_vocab) != n_vocab || fingerprint != vocab_fingerprint) {
         fail("built for another vocabulary (" + std::to_string(file_vocab) + " tokens, fingerprint " + fingerprint +
              "; the target has " + std::to_string(n_vocab) + ", " + vocab_fingerprint + ")");

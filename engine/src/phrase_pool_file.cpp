@@ -18,6 +18,7 @@
 #include <string>
 
 #include "phrase_pool_store.h"
+#include "spec/checksum.h"
 #include "spec/error.h"
 #include "spec/phrase_pool.h"
 
@@ -34,12 +35,6 @@ constexpr size_t kRecordFixedBytes = 4 + 8 + 4 * 4;  // a record before its toke
 constexpr size_t kChecksumBytes = 8;
 constexpr uint8_t kFlagProtected = 1;
 constexpr int64_t kRankStampLimit = int64_t(1) << 62;  // |stamp| in a file, so ++ / -- cannot overflow
-
-uint64_t fnv1a(const char* bytes, size_t n) {
-    uint64_t h = 0xcbf29ce484222325ULL;
-    for (size_t i = 0; i < n; ++i) h = (h ^ uint8_t(bytes[i])) * 0x100000001b3ULL;
-    return h;
-}
 
 // Little-endian writes into a byte string.
 class ByteWriter {
@@ -73,7 +68,7 @@ public:
         if (buf_pos_ == buf_len_) fill();
         ++pos_;
         const uint8_t b = uint8_t(buf_[buf_pos_++]);
-        hash_ = (hash_ ^ b) * 0x100000001b3ULL;
+        hash_ = fnv1a64(&b, 1, hash_);
         return b;
     }
     uint32_t u32() {
@@ -94,7 +89,7 @@ public:
         while (pos_ < end_) {
             if (buf_pos_ == buf_len_) fill();
             const size_t n = size_t(std::min<uint64_t>(buf_len_ - buf_pos_, end_ - pos_));
-            for (size_t i = 0; i < n; ++i) hash_ = (hash_ ^ uint8_t(buf_[buf_pos_ + i])) * 0x100000001b3ULL;
+            hash_ = fnv1a64(buf_.data() + buf_pos_, n, hash_);
             buf_pos_ += n;
             pos_ += n;
         }
@@ -117,7 +112,7 @@ private:
     std::vector<char> buf_ = std::vector<char>(size_t(1) << 16);
     size_t buf_pos_ = 0, buf_len_ = 0;
     uint64_t pos_, end_;
-    uint64_t hash_ = 0xcbf29ce484222325ULL;
+    uint64_t hash_ = kFnv1aOffset;
     const std::string& path_;
 };
 
@@ -142,7 +137,7 @@ std::string serialize(const Store& store, int32_t n_vocab) {
         w.u32(r.stats.n_tokens_accepted);
         for (int32_t t : r.tokens) w.u32(uint32_t(t));
     }
-    w.u64(fnv1a(w.bytes().data(), w.bytes().size()));
+    w.u64(fnv1a64(w.bytes().data(), w.bytes().size()));
     return std::move(w.bytes());
 }
 

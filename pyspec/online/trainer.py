@@ -85,10 +85,11 @@ class GGUFDraft:
         tokens, rows = torch.from_numpy(ids), torch.from_numpy(sample.rows.astype(np.int64))
         if not self.n_fixed_blocks:
             return self.module.logits_at(tokens, rows)
-        x = self._fixed.get(ids.tobytes())
+        key = ids.tobytes()
+        x = self._fixed.get(key)
         if x is None:
             with torch.no_grad():
-                x = self._fixed[ids.tobytes()] = self.module.block_input(tokens, self.n_fixed_blocks)
+                x = self._fixed[key] = self.module.block_input(tokens, self.n_fixed_blocks)
         return self.module.logits_from(x, self.n_fixed_blocks, rows)
 
     def start_update(self) -> None:

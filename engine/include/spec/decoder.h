@@ -198,11 +198,13 @@ public:
     std::string head_path() const;  // "" without a head
 
     // The static n-gram table method auto drafts from where nothing is copied (spec/ngram_table.h,
-    // AutoParams::use_corpus): at most one per engine. load_ngram reads and checks the file
-    // against the target's vocabulary (NgramFileError) and installs it; a bad file leaves the old
-    // table in place. Like the head, installed and removed between generations.
-    void load_ngram(const std::string& path);
-    void remove_ngram();  // no-op without a table
+    // AutoParams::use_corpus): at most one per engine. In two phases as the head: load_ngram reads
+    // the file and checks it against the target's vocabulary (NgramFileError) without touching
+    // mutable engine state, so it may run while generate() runs; swap_ngram installs it between
+    // generations. A bad file leaves the old table in place.
+    std::unique_ptr<NgramTable> load_ngram(const std::string& path) const;
+    void swap_ngram(std::unique_ptr<NgramTable> table);
+    void remove_ngram();  // no-op without a table; not while generate() runs
     std::string ngram_path() const;  // "" without a table
     int64_t ngram_size() const;      // entries of the table (0 without one)
 
