@@ -39,6 +39,7 @@ from .config import DEFAULT_DRAFT, DEFAULT_TARGET, METHODS_NEEDING_DRAFT, METHOD
 if TYPE_CHECKING:
     from .data import Prompt
     from .engine import Engine
+    from .results import GenerationStats
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,7 @@ __all__ = ["MethodSpec", "BenchReport", "MethodSummary", "PromptRun", "available
 PEER_METHODS = (*PYTHON_PEERS, *LLAMA_CPP_PEERS)
 NO_DRAFT_LENGTH = ("none", "peer-llama-cpp", *(p for p in LLAMA_CPP_PEERS if p != LLAMA_CPP_DRAFT))
 WARMUP_TOKENS = 8
+SETTLE_S = 3.0  # run_bench's pause before each run when llama.cpp's tools run (see settle_s)
 ENGINE_N_BATCH = 512  # the engine's batch; llama.cpp's tools get it as their physical batch (-ub)
 # A divergence from none whose top-2 logit gap (context evaluated in one batch) is below this is a
 # near-tie (docs/numerics.md); at or above it the gap is measured again one token at a time.
@@ -173,16 +175,30 @@ def _top2_gap_one_token(engine: "Engine", tokens: list[int]) -> float:
         return _top2_gap(one, tokens)
 
 
+def decode_tokens_per_second(stats: "GenerationStats", finish_reason: str) -> float:
+    """A pyspec run's decode rate counted as llama.cpp's tools count theirs: the tokens the target
+    produced after the prompt per second of generation, the end token included when one ended the
+    generation. The engine decodes the last prompt token in its first step and the last generated
+    token in a step that produces the end token; llama-completion decodes the last prompt token
+    in its prompt pass and counts one decode per token, llama-speculative-simple counts the end
+    token. Without it a run that stops after n tokens would be charged n + 1 steps for n tokens.
+    The bench passes no stop strings, so "stop" means the end token."""
+    t = stats.t_total_ms - stats.t_prefill_ms
+    n = stats.n_generated + (1 if finish_reason == "stop" else 0)
+    return 1000.0 * n / t if t > 0 else 0.0
+
+
 def _run_pyspec(engine: "Engine", m: MethodSpec, prompt_id: str, prompt_tokens: list[int],
                 max_tokens: int) -> PromptRun:
     t0 = time.perf_counter()
     r = engine.generate(prompt_tokens, max_tokens=max_tokens, method=m.name, n_draft=m.n_draft, **dict(m.options))
     wall = time.perf_counter() - t0
     s = r.stats
+    decode_rate = decode_tokens_per_second(s, r.finish_reason)
     return PromptRun(
         prompt_id, m.label, len(prompt_tokens), s.n_generated, wall, s.n_generated / wall if wall else 0.0,
-        r.finish_reason, list(r.tokens), decode_tokens_per_second=s.tokens_per_second,
-        decode_tokens_per_second_within_limit=s.tokens_per_second,  # the engine never passes max_tokens
+        r.finish_reason, list(r.tokens), decode_tokens_per_second=decode_rate,
+        decode_tokens_per_second_within_limit=decode_rate,  # the engine never passes max_tokens
         n_target_calls=s.n_target_calls, n_drafted=s.n_drafted, n_accepted=s.n_accepted,
         t_draft_ms=s.t_draft_ms, t_verify_ms=s.t_verify_ms, t_total_ms=s.t_total_ms,
         n_empty_drafts=s.n_empty_drafts, n_draft_decodes=s.n_draft_decodes,
@@ -223,6 +239,7 @@ def run_bench(
     repack: bool | str | None = None,
     huge_pages: bool = True,
     ngram: str | None = None,
+    settle_s: float | None = None,
 ) -> BenchReport:
     """Runs every method on the same prompts, interleaved per prompt, greedy.
 
@@ -237,6 +254,10 @@ def run_bench(
     repack, huge_pages: as Engine's; llama.cpp's tools repack when the engine does (and their
     build allows it) and get glibc's huge pages when the engine asks for them. ngram: as Engine's
     (an n-gram table auto also drafts from; auto:no-corpus leaves it out).
+    settle_s: a pause before every timed run, of every method alike (None: SETTLE_S when
+    llama.cpp's tools run, else 0). A tool process that exits slows whatever runs about two
+    seconds later (measured: 3-4 one-token steps 20-50 ms slower, 2.0-2.3 s after the exit);
+    without the pause the run that follows a tool pays for it, with it no run does.
     """
     from tqdm import tqdm
 
@@ -248,6 +269,8 @@ def run_bench(
     specs = parse_methods(methods, n_draft)
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    if settle_s is not None and not settle_s >= 0:
+        raise ValueError(f"settle_s must be >= 0 seconds, got {settle_s}")
     if isinstance(prompts, str):
         suite, prompt_list = suite_prompts(prompts, n)
     else:
@@ -314,7 +337,10 @@ def run_bench(
         # for an engine serving a stream of requests with one method.
         pool_files: dict[str, str] = {}
 
+        pause = settle_s if settle_s is not None else (SETTLE_S if tool_peers else 0.0)
+
         def run(m: MethodSpec, pid: str, tokens: list[int], prompt_file: Path, limit: int) -> PromptRun:
+            time.sleep(pause)
             if m.label in python_peers:
                 return python_peers[m.label].run(m.label, pid, tokens, limit)
             if m.label in tool_peers:
@@ -357,13 +383,14 @@ def run_bench(
     return _report(specs, runs, skipped, target=str(target), draft=str(draft) if uses_draft else None, suite=suite,
                    max_tokens=max_tokens, threads=engine.n_threads, repack=engine.repack_mode,
                    llama_cpp_repack=tools_repack if tool_peers else None, head=os.path.basename(head) if head else None,
-                   huge_pages=engine.huge_pages, ngram=os.path.basename(engine.ngram_path) if engine.ngram_path else None)
+                   huge_pages=engine.huge_pages, ngram=os.path.basename(engine.ngram_path) if engine.ngram_path else None,
+                   settle_s=pause)
 
 
 def _report(specs: list[MethodSpec], runs: dict[str, list[PromptRun]], skipped: dict[str, str], *, target: str,
             draft: str | None, suite: str, max_tokens: int, threads: int, repack: bool | str,
             llama_cpp_repack: bool | None = None, head: str | None = None,
-            huge_pages: bool | None = None, ngram: str | None = None) -> BenchReport:
+            huge_pages: bool | None = None, ngram: str | None = None, settle_s: float | None = None) -> BenchReport:
     peers = [m.label for m in specs if m.is_peer]
     modes = [m.label for m in specs if m.is_llama_cpp]
     results = [summarize(m.label, m.n_draft if m.n_draft is not None else _default_n_draft(m.name), m.is_peer,
@@ -377,7 +404,7 @@ def _report(specs: list[MethodSpec], runs: dict[str, list[PromptRun]], skipped: 
         auto_vs_best_llama_cpp=by_label["auto"].decode_speedup_vs_best_llama_cpp if "auto" in by_label else None,
         auto_vs_best_llama_cpp_within_limit=(versus_best_llama_cpp(runs["auto"], runs, modes, decode_within_limit)
                                              if "auto" in runs else None),
-        none_vs_llama_cpp=by_label["none"].decode_speedup_vs_llama_cpp, head=head, ngram=ngram,
+        none_vs_llama_cpp=by_label["none"].decode_speedup_vs_llama_cpp, head=head, ngram=ngram, settle_s=settle_s,
     )  # fmt: skip
 
 
@@ -448,7 +475,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         args.target, args.draft, args.prompt or args.suite, n=args.n, max_tokens=args.max_tokens, methods=args.methods,
         n_draft=args.n_draft, n_threads=args.threads, n_ctx=args.n_ctx, progress=not args.no_progress,
         llama_cpp_bin=args.llama_cpp_bin, n_gpu_layers=args.n_gpu_layers, head=args.head, ngram=args.ngram,
-        **engine_options(args),
+        settle_s=args.settle, **engine_options(args),
     )
     for method, why in report.skipped.items():
         print(f"pyspec bench: skipped {method}: {why}", file=sys.stderr)
@@ -492,6 +519,9 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--llama-cpp-bin", default=None, metavar="DIR",
                    help="directory of llama.cpp's llama-completion and llama-speculative-simple (default: "
                         "$PYSPEC_LLAMA_CPP_BIN, else those built by benchmarks/build_llama_cpp.py)")
+    p.add_argument("--settle", type=float, default=None, metavar="SECONDS",
+                   help=f"pause before each run, of every method alike (default {SETTLE_S:g} s when llama.cpp's "
+                        "tools run, else 0: a tool process that exits slows what runs about 2 s later)")
     p.add_argument("--head", default=None, metavar="PATH",
                    help="draft head GGUF (`pyspec train-head`) for method redrafter and for auto to weigh "
                         "(auto:no-head leaves it out)")

@@ -12,7 +12,9 @@ from typing import Any, Callable
 TIMING_NOTE = ("tok/s = generated tokens / wall time of the generation with prompt processing (pyspec and "
                "llama-cpp-python: the whole call; llama.cpp tools: their own prompt + generation timers, "
                "model load excluded)")
-DECODE_NOTE = ("decode tok/s leaves prompt processing out: pyspec's GenerationStats.tokens_per_second, "
+DECODE_NOTE = ("decode tok/s leaves prompt processing out: pyspec's generated tokens, plus the end token when one "
+               "ended the generation, per second of generation (as the tools count: llama-completion decodes the "
+               "last prompt token in its prompt pass, llama-speculative-simple counts the end token), "
                "llama-completion's `eval time` line (time inside its one-token decodes), "
                "llama-speculative-simple's `decoded ... speed` line (wall time of its speculative loop); "
                "llama-cpp-python peers have none")
@@ -108,6 +110,7 @@ class BenchReport:
     llama_cpp_repack: bool | None = None  # whether llama.cpp's tools ran with weight repacking (None: no tools ran)
     huge_pages: bool | None = None  # Engine.huge_pages, which the tools' GLIBC_TUNABLES follow (None: older reports)
     ngram: str | None = None  # the engine's n-gram table (file name), when given
+    settle_s: float | None = None  # the pause before each run (None: older reports, which had none)
     timing: str = TIMING_NOTE
     decode_timing: str = DECODE_NOTE
     speedup: str = SPEEDUP_NOTE
@@ -223,7 +226,8 @@ def format_markdown(report: BenchReport, python_peers: tuple[str, ...] = ("peer-
         f"repack {_repack_text(report.repack)}"
         + (f", llama.cpp's tools repack {'on' if report.llama_cpp_repack else 'off'}"
            if report.llama_cpp_repack is not None else "")
-        + (f", huge pages {'on' if report.huge_pages else 'off'}" if report.huge_pages is not None else ""),
+        + (f", huge pages {'on' if report.huge_pages else 'off'}" if report.huge_pages is not None else "")
+        + (f", {report.settle_s:g} s pause before each run" if report.settle_s else ""),
         f"{report.timing}; {report.decode_timing}; {report.speedup}; tok/s is the median (min-max) over prompts; "
         f"{report.identity}." + (f" {BEST_MODE_NOTE}." if with_llama_cpp else ""),
         "",

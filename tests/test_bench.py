@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from pyspec.bench import BenchReport, format_markdown, parse_methods, run_bench, suite_prompts, write_json
+from pyspec.bench import (BenchReport, decode_tokens_per_second, format_markdown, parse_methods, run_bench, suite_prompts,
+                          write_json)
 
 from test_cli import pyspec_cli
 
@@ -23,6 +25,20 @@ METHODS = "none,auto,chain:3,tree:8,beam:2x3,lookup:4,ouroboros:3,peer-llama-cpp
 def report(tiny_target: str, tiny_drafts: dict[str, str]) -> BenchReport:
     return run_bench(tiny_target, tiny_drafts["perturbed"], PROMPTS, max_tokens=20, methods=METHODS, n_threads=2,
                      n_ctx=512, progress=False)
+
+
+def test_decode_rate_counts_the_end_token_as_the_tools_do() -> None:
+    """A run that an end token stopped after n tokens took n + 1 target steps (the first decodes
+    the last prompt token): its decode rate counts n + 1 tokens, one stopped by the limit n."""
+    stats = SimpleNamespace(n_generated=50, t_total_ms=1500.0, t_prefill_ms=500.0)
+    assert decode_tokens_per_second(stats, "stop") == pytest.approx(51.0)
+    assert decode_tokens_per_second(stats, "length") == pytest.approx(50.0)
+    assert decode_tokens_per_second(SimpleNamespace(n_generated=0, t_total_ms=5.0, t_prefill_ms=5.0), "stop") == 0.0
+
+
+def test_a_negative_pause_is_refused(tiny_target: str) -> None:
+    with pytest.raises(ValueError, match="settle_s must be >= 0 seconds, got -1"):
+        run_bench(tiny_target, None, ["hi"], max_tokens=2, methods="none", settle_s=-1.0, progress=False)
 
 
 def test_parse_methods() -> None:
@@ -58,6 +74,7 @@ def test_report_structure_and_identity(report: BenchReport) -> None:
     assert report.methods == METHODS.split(",")
     assert report.suite == "custom" and report.n == len(PROMPTS) and report.threads == 2
     assert report.huge_pages is True  # the engine's default, which llama.cpp's tools would follow
+    assert report.settle_s == 0.0  # no llama.cpp tool ran: no pause between runs
     by_method = {r.method: r for r in report.results}
     none = [x.tokens for x in by_method["none"].per_prompt]
     assert all(len(t) > 0 for t in none)

@@ -214,8 +214,9 @@ def test_real_tools_on_the_tiny_models(tiny_target: str, tiny_drafts: dict[str, 
     prompts = ["def add(a, b):\n    return a + b\n\ndef add(a, b):", "the cat sat on the mat, the cat sat on the"]
     methods = "none,llama.cpp,llama.cpp-ngram-simple,llama.cpp-ngram-map-k,llama.cpp-ngram-mod,llama.cpp-draft:2"
     report = run_bench(tiny_target, tiny_drafts["perturbed"], prompts, max_tokens=16, methods=methods, n_threads=2,
-                       n_ctx=512, progress=False)
-    assert report.methods == methods.split(",") and not report.skipped
+                       n_ctx=512, progress=False, settle_s=0.25)  # (3 s by default with tools: 18 runs here)
+    assert report.methods == methods.split(",") and not report.skipped and report.settle_s == 0.25
+    assert "0.25 s pause before each run" in format_markdown(report).splitlines()[0]
     assert report.llama_cpp_modes == methods.split(",")[1:]
     none = report.result("none")
     assert none is not None
