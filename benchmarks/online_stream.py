@@ -59,7 +59,8 @@ def load_stream(spec: str, raw: bool, held_out: int = 0) -> tuple[list[tuple[str
 
 
 def distill_config(args: argparse.Namespace) -> DistillConfig:
-    return DistillConfig(loss=args.loss, tau=args.tau, positions=args.positions, lr=args.lr,
+    return DistillConfig(loss=args.loss, tau=args.tau, positions=args.positions,
+                         prompt_positions=args.prompt_positions, lr=args.lr,
                          lr_schedule=args.lr_schedule, epochs=args.epochs, batch_size=args.batch_size,
                          rehearsal=args.rehearsal, rehearsal_limit=args.rehearsal_limit,
                          train_vocab=args.train_vocab, train_blocks=args.train_blocks,
@@ -387,6 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--loss", choices=["fkl", "rkl", "jsd", "ce"], default="fkl")
     p.add_argument("--tau", type=float, default=1.0)
     p.add_argument("--positions", choices=["rejected", "all"], default="rejected")
+    p.add_argument("--prompt-positions", action="store_true",
+                   help="also train on each prompt's positions (DistillConfig.prompt_positions)")
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--lr-schedule", choices=["constant", "inverse_sqrt"], default="constant")
     p.add_argument("--epochs", type=int, default=1)

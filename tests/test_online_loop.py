@@ -31,6 +31,7 @@ from pyspec.online import (  # noqa: E402
     top_k_of_logits,
     train_step,
 )
+from pyspec.online.buffer import merge_samples, prompt_sample  # noqa: E402
 import online_faults  # noqa: E402
 
 GATED = "online_faults:GatedDraft"
@@ -321,6 +322,52 @@ def test_all_positions_mode_trains_on_every_generated_token(tiny_target: str, we
         assert distiller.buffer.n_positions == len(result.tokens)
         assert distiller.update_now() is True
         distiller.close()
+
+
+def test_prompt_positions_add_the_prompt_rows_once_per_shared_prefix(tiny_target: str, weak_draft: str,
+                                                                    tmp_path: Path) -> None:
+    """prompt_positions: the prompt's rows join the output's (row r predicts token r + 1, with
+    the target's own rows over the prompt), the prefix a prompt shares with the previous one is
+    left out, and an update trains on the lot."""
+    with make_engine(tiny_target, weak_draft) as engine:
+        config = DistillConfig(positions="all", prompt_positions=True, top_k=8, export_dtype="f32")
+        distiller = OnlineDistiller(engine, config, update_interval=100, work_dir=tmp_path)
+        first = distiller.generate(PROMPTS[0], max_tokens=MAX_TOKENS)
+        n_prompt = len(first.prompt_tokens)
+        assert distiller.buffer.n_positions == n_prompt - 1 + len(first.tokens)
+        repeat = PROMPTS[0] + " return a"
+        second = distiller.generate(repeat, max_tokens=MAX_TOKENS)
+        shared = next(i for i, (a, b) in enumerate(zip(first.prompt_tokens + [-1], second.prompt_tokens)) if a != b)
+        assert distiller.buffer.n_positions == (n_prompt - 1 + len(first.tokens)
+                                                + len(second.prompt_tokens) - 1 - shared + len(second.tokens))
+        rows = engine.evaluate(first.prompt_tokens[:-1], all_rows=True)
+        assert distiller.update_now() is True
+        distiller.close()
+    # The prompt rows are the target's: its argmax at prompt row r is its greedy guess of token r + 1.
+    built = prompt_sample(first.prompt_tokens, 0, rows, top_k=8)
+    assert built is not None and list(built.rows) == list(range(n_prompt - 1))
+    assert np.array_equal(built.top_ids[:, 0], rows.argmax(axis=1))
+
+
+def test_merge_samples_joins_rows_and_pads_the_narrower_top_k() -> None:
+    tokens = np.array([5, 6, 7, 8, 9], dtype=np.int32)
+    a = TraceSample(tokens=tokens, rows=np.array([3], dtype=np.int32), top_ids=np.array([[9, 1, 2]], dtype=np.int32),
+                    top_probs=np.array([[0.5, 0.2, 0.1]], dtype=np.float32), request=4, domain="chat")
+    b = TraceSample(tokens=tokens[:3], rows=np.array([0, 1], dtype=np.int32),
+                    top_ids=np.array([[6, 3], [7, 3]], dtype=np.int32),
+                    top_probs=np.array([[0.9, 0.1], [0.8, 0.1]], dtype=np.float32))
+    m = merge_samples(a, b)
+    assert m is not None and list(m.rows) == [0, 1, 3] and list(m.tokens) == [5, 6, 7, 8]  # up to the last row + 1
+    assert m.top_ids.tolist() == [[6, 3, -1], [7, 3, -1], [9, 1, 2]] and m.top_probs[0, 2] == 0.0
+    assert (m.request, m.domain) == (4, "chat")
+    assert merge_samples(a, None) is a and merge_samples(None, b) is b
+    other = TraceSample(tokens=np.array([1, 2], dtype=np.int32), rows=np.array([0], dtype=np.int32),
+                        top_ids=np.array([[2]], dtype=np.int32), top_probs=np.array([[1.0]], dtype=np.float32))
+    with pytest.raises(ValueError, match="not of one request"):
+        merge_samples(a, other)
+    with pytest.raises(ValueError, match="do not match the prompt's 2 rows from row 2"):
+        prompt_sample([1, 2, 3, 4, 5], 2, np.zeros((3, 10), dtype=np.float32))
+    assert prompt_sample([1, 2], 1, np.zeros((0, 10), dtype=np.float32)) is None
 
 
 def test_rehearsal_replays_released_samples(tiny_target: str, weak_draft: str, tmp_path: Path) -> None:

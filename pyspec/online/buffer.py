@@ -12,6 +12,9 @@ one from a GenerationResult:
   each token (`result.logits`, i.e. the request ran with return_logits=True) or, when the caller
   passes them, rows computed afterwards (`Engine.evaluate(all_rows=True)`).
 
+`prompt_sample` builds the same from the target's rows over a prompt, and `merge_samples` joins
+it to the generation's (DistillConfig.prompt_positions).
+
 Numpy only; the trainer turns samples into tensors.
 """
 
@@ -113,6 +116,58 @@ def sample_from_rows(prompt_tokens: Sequence[int], tokens: Sequence[int], logits
     rows = len(prompt_tokens) - 1 + np.arange(len(tokens), dtype=np.int32)
     top_ids, top_probs = top_k_of_logits(logits, top_k)
     return _sample(list(prompt_tokens) + list(tokens), rows, top_ids, top_probs, request, domain)
+
+
+def prompt_sample(prompt_tokens: Sequence[int], first_row: int, logits: np.ndarray, *, top_k: int = 32,
+                  request: int = 0, domain: str = "") -> TraceSample | None:
+    """The prompt's positions first_row .. len(prompt_tokens) - 2 (row r predicts prompt token
+    r + 1), with the target's logits rows there ([len(prompt_tokens) - 1 - first_row, n_vocab]:
+    `Engine.evaluate(prompt_tokens[:-1], all_rows=True, first_row=first_row)`); None when there
+    are none."""
+    n_rows = len(prompt_tokens) - 1 - first_row
+    if first_row < 0:
+        raise ValueError(f"first_row must be >= 0, got {first_row}")
+    if n_rows <= 0:
+        return None
+    if logits.shape[0] != n_rows:
+        raise ValueError(f"teacher rows [{logits.shape[0]}, ...] do not match the prompt's {n_rows} rows from "
+                         f"row {first_row}")
+    rows = np.arange(first_row, first_row + n_rows, dtype=np.int32)
+    top_ids, top_probs = top_k_of_logits(logits, top_k)
+    return _sample(list(prompt_tokens), rows, top_ids, top_probs, request, domain)
+
+
+def merge_samples(a: TraceSample | None, b: TraceSample | None) -> TraceSample | None:
+    """One sample with both samples' positions (of the same request: one's tokens a prefix of
+    the other's; rows taken by both keep a's); top-k columns padded to the wider one with -1."""
+    if a is None or b is None:
+        return a if b is None else b
+    long_, short = (a, b) if a.tokens.shape[0] >= b.tokens.shape[0] else (b, a)
+    if not np.array_equal(long_.tokens[: short.tokens.shape[0]], short.tokens):
+        raise ValueError("the samples are not of one request: neither's tokens start the other's")
+    if a.hidden is not None or b.hidden is not None:
+        raise ValueError("samples with hidden states cannot be merged")
+    keep_b = ~np.isin(b.rows, a.rows)
+    k = max(a.top_ids.shape[1], b.top_ids.shape[1])
+
+    def widen(ids: np.ndarray, probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        pad = k - ids.shape[1]
+        return (np.pad(ids, ((0, 0), (0, pad)), constant_values=-1),
+                np.pad(probs, ((0, 0), (0, pad)), constant_values=0.0))
+
+    ids_a, probs_a = widen(a.top_ids, a.top_probs)
+    ids_b, probs_b = widen(b.top_ids[keep_b], b.top_probs[keep_b])
+    return _sample(long_.tokens.tolist(), np.concatenate([a.rows, b.rows[keep_b]]),
+                   np.concatenate([ids_a, ids_b]), np.concatenate([probs_a, probs_b]), a.request, a.domain)
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def _sample(sequence: list[int], rows: np.ndarray, top_ids: np.ndarray, top_probs: np.ndarray, request: int,

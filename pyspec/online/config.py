@@ -62,6 +62,12 @@ class DistillConfig:
     generation with Engine.evaluate over the output rows only: one extra target pass per
     request, under the engine lock, so generation waits for it; for results made elsewhere).
     top_k: target probabilities kept per position when they come from full rows.
+    prompt_positions: also train on the prompt's positions, with the target's rows over the
+    prompt (one extra target pass over it per request, under the engine lock). The rows of the
+    prompt's common prefix with the previous request's prompt (a shared system prompt or chat
+    template) are left out, so text every request repeats is not trained on again and again.
+    On chat a request's prompt often holds more tokens than its answer: this is more of the
+    target's text in the request's domain for the same traffic.
     Optimisation: AdamW with lr, weight_decay; `epochs` passes over an update's samples in
     batches of `batch_size` sequences; gradients clipped to max_grad_norm (0: off).
     lr_schedule: "constant", or "inverse_sqrt" (update u, from 1, trains at lr / sqrt(u): later
@@ -92,6 +98,7 @@ class DistillConfig:
     positions: str = "rejected"
     teacher: str = "trace"
     top_k: int = 32
+    prompt_positions: bool = False
     lr: float = 1e-4
     lr_schedule: str = "constant"
     weight_decay: float = 0.0
@@ -115,6 +122,8 @@ class DistillConfig:
             (self.positions in POSITIONS, f"positions must be one of {', '.join(POSITIONS)}, got {self.positions!r}"),
             (self.teacher in TEACHERS, f"teacher must be one of {', '.join(TEACHERS)}, got {self.teacher!r}"),
             (self.top_k >= 1, f"top_k must be >= 1, got {self.top_k}"),
+            (isinstance(self.prompt_positions, bool),
+             f"prompt_positions must be True or False, got {self.prompt_positions!r}"),
             (self.lr > 0, f"lr must be > 0, got {self.lr}"),
             (self.lr_schedule in LR_SCHEDULES,
              f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {self.lr_schedule!r}"),

@@ -51,7 +51,8 @@ from pathlib import Path
 from ..config import GenerationConfig
 from ..engine import Engine, Prompt
 from ..results import GenerationResult
-from .buffer import ReplayBuffer, TraceSample, samples_from_result
+from .buffer import (ReplayBuffer, TraceSample, common_prefix_length, merge_samples, prompt_sample,
+                     samples_from_result)
 from .config import DistillConfig, TrainReport
 from .worker import DEFAULT_FACTORY, TrainerExitedError, TrainerProcess
 
@@ -157,6 +158,7 @@ class OnlineDistiller:
         self._recent: deque[RequestRecord] = deque(maxlen=window)
         self._recent_by_domain: dict[str, deque[RequestRecord]] = {}
         self._n_requests = 0
+        self._last_prompt: list[int] = []  # prompt_positions: the previous request's prompt
         self._since_update = 0
         self._updating = False
         self._closed = False
@@ -255,8 +257,18 @@ class OnlineDistiller:
             # generated token i.
             sequence = list(result.prompt_tokens) + list(result.tokens[:-1])
             teacher_logits = self.engine.evaluate(sequence, all_rows=True, first_row=len(result.prompt_tokens) - 1)
-        return samples_from_result(result, positions=cfg.positions, top_k=cfg.top_k,
-                                   teacher_logits=teacher_logits, request=index, domain=domain)
+        sample = samples_from_result(result, positions=cfg.positions, top_k=cfg.top_k,
+                                     teacher_logits=teacher_logits, request=index, domain=domain)
+        if cfg.prompt_positions:
+            prompt = list(result.prompt_tokens)
+            with self._lock:
+                first = common_prefix_length(prompt, self._last_prompt)
+                self._last_prompt = prompt
+            if first < len(prompt) - 1:
+                rows = self.engine.evaluate(prompt[:-1], all_rows=True, first_row=first)
+                sample = merge_samples(sample, prompt_sample(prompt, first, rows, top_k=cfg.top_k, request=index,
+                                                             domain=domain))
+        return sample
 
     # -- updates ---------------------------------------------------------------------------
 
