@@ -324,13 +324,15 @@ def test_all_positions_mode_trains_on_every_generated_token(tiny_target: str, we
         distiller.close()
 
 
+@pytest.mark.parametrize("teacher", ["trace", "evaluate"])
 def test_prompt_positions_add_the_prompt_rows_once_per_shared_prefix(tiny_target: str, weak_draft: str,
-                                                                    tmp_path: Path) -> None:
+                                                                    tmp_path: Path, teacher: str) -> None:
     """prompt_positions: the prompt's rows join the output's (row r predicts token r + 1, with
     the target's own rows over the prompt), the prefix a prompt shares with the previous one is
-    left out, and an update trains on the lot."""
+    left out, and an update trains on the lot; with teacher="evaluate" from the one pass that
+    also gives the output's rows."""
     with make_engine(tiny_target, weak_draft) as engine:
-        config = DistillConfig(positions="all", prompt_positions=True, top_k=8, export_dtype="f32")
+        config = DistillConfig(positions="all", teacher=teacher, prompt_positions=True, top_k=8, export_dtype="f32")
         distiller = OnlineDistiller(engine, config, update_interval=100, work_dir=tmp_path)
         first = distiller.generate(PROMPTS[0], max_tokens=MAX_TOKENS)
         n_prompt = len(first.prompt_tokens)
@@ -340,13 +342,17 @@ def test_prompt_positions_add_the_prompt_rows_once_per_shared_prefix(tiny_target
         shared = next(i for i, (a, b) in enumerate(zip(first.prompt_tokens + [-1], second.prompt_tokens)) if a != b)
         assert distiller.buffer.n_positions == (n_prompt - 1 + len(first.tokens)
                                                 + len(second.prompt_tokens) - 1 - shared + len(second.tokens))
+        # The first request's sample: prompt rows 0 .. n - 2, then the output's, and at prompt
+        # row r the target's own distribution after prompt tokens 0 .. r.
+        sample = distiller.buffer.snapshot()[0]
+        assert list(sample.rows) == list(range(n_prompt - 1 + len(first.tokens)))
         rows = engine.evaluate(first.prompt_tokens[:-1], all_rows=True)
+        expected = prompt_sample(first.prompt_tokens, 0, rows, top_k=8)
+        assert expected is not None
+        assert np.array_equal(sample.top_ids[: n_prompt - 1, 0], rows.argmax(axis=1))
+        np.testing.assert_allclose(sample.top_probs[: n_prompt - 1], expected.top_probs, atol=1e-5)
         assert distiller.update_now() is True
         distiller.close()
-    # The prompt rows are the target's: its argmax at prompt row r is its greedy guess of token r + 1.
-    built = prompt_sample(first.prompt_tokens, 0, rows, top_k=8)
-    assert built is not None and list(built.rows) == list(range(n_prompt - 1))
-    assert np.array_equal(built.top_ids[:, 0], rows.argmax(axis=1))
 
 
 def test_merge_samples_joins_rows_and_pads_the_narrower_top_k() -> None:

@@ -63,7 +63,8 @@ class DistillConfig:
     request, under the engine lock, so generation waits for it; for results made elsewhere).
     top_k: target probabilities kept per position when they come from full rows.
     prompt_positions: also train on the prompt's positions, with the target's rows over the
-    prompt (one extra target pass over it per request, under the engine lock). The rows of the
+    prompt (one extra target pass over it per request, under the engine lock; with teacher
+    "evaluate" the pass that gives the output's rows gives them too). The rows of the
     prompt's common prefix with the previous request's prompt (a shared system prompt or chat
     template) are left out, so text every request repeats is not trained on again and again.
     On chat a request's prompt often holds more tokens than its answer: this is more of the

@@ -251,23 +251,28 @@ class OnlineDistiller:
 
     def _sample(self, result: GenerationResult, index: int, domain: str) -> TraceSample | None:
         cfg = self.config
-        teacher_logits = None
-        if cfg.positions == "all" and cfg.teacher == "evaluate" and result.tokens:
-            # One target pass over prompt + output, rows of the output only: row i predicts
-            # generated token i.
-            sequence = list(result.prompt_tokens) + list(result.tokens[:-1])
-            teacher_logits = self.engine.evaluate(sequence, all_rows=True, first_row=len(result.prompt_tokens) - 1)
-        sample = samples_from_result(result, positions=cfg.positions, top_k=cfg.top_k,
-                                     teacher_logits=teacher_logits, request=index, domain=domain)
+        prompt = list(result.prompt_tokens)
+        first = None  # prompt_positions: the first prompt row to train on (None: no prompt rows)
         if cfg.prompt_positions:
-            prompt = list(result.prompt_tokens)
             with self._lock:
                 first = common_prefix_length(prompt, self._last_prompt)
                 self._last_prompt = prompt
-            if first < len(prompt) - 1:
-                rows = self.engine.evaluate(prompt[:-1], all_rows=True, first_row=first)
-                sample = merge_samples(sample, prompt_sample(prompt, first, rows, top_k=cfg.top_k, request=index,
-                                                             domain=domain))
+            if first >= len(prompt) - 1:
+                first = None
+        prompt_rows = teacher_logits = None
+        if cfg.positions == "all" and cfg.teacher == "evaluate" and result.tokens:
+            # One target pass over prompt + output: the output's rows (row i predicts generated
+            # token i) and, with prompt_positions, the prompt's from `first` in the same pass.
+            start = len(prompt) - 1 if first is None else first
+            rows = self.engine.evaluate(prompt + list(result.tokens[:-1]), all_rows=True, first_row=start)
+            prompt_rows, teacher_logits = rows[: len(prompt) - 1 - start], rows[len(prompt) - 1 - start:]
+        elif first is not None:
+            prompt_rows = self.engine.evaluate(prompt[:-1], all_rows=True, first_row=first)
+        sample = samples_from_result(result, positions=cfg.positions, top_k=cfg.top_k,
+                                     teacher_logits=teacher_logits, request=index, domain=domain)
+        if first is not None:
+            sample = merge_samples(sample, prompt_sample(prompt, first, prompt_rows, top_k=cfg.top_k, request=index,
+                                                         domain=domain))
         return sample
 
     # -- updates ---------------------------------------------------------------------------
