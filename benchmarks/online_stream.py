@@ -259,23 +259,39 @@ def heldout_eval(args: argparse.Namespace, runs: list[dict[str, Any]], held_out:
 
     slots = {f"{run['mode']}:{dom}": path for run in runs for dom, path in run["final_drafts"].items()}
     options = dict(max_tokens=args.max_tokens, method="chain", n_draft=args.n_draft)
-    counts: dict[str, dict[str, list[int]]] = {run["mode"]: {} for run in runs}
+    # per mode: [suite, drafted, accepted] per held-out prompt, in the order served
+    prompts: dict[str, list[list[Any]]] = {run["mode"]: [] for run in runs}
     with pyspec.Engine(args.target, n_ctx=args.n_ctx, n_threads=args.threads, drafts=slots) as engine:
         for i, (suite, prompt) in enumerate(held_out):
             for run in runs:
                 mode = run["mode"]
                 slot = f"{mode}:{suite}" if f"{mode}:{suite}" in slots else f"{mode}:"
                 s = engine.generate(prompt, draft=slot, **options).stats
-                drafted_accepted = counts[mode].setdefault(suite, [0, 0])
-                drafted_accepted[0] += s.n_drafted
-                drafted_accepted[1] += s.n_accepted
+                prompts[mode].append([suite, s.n_drafted, s.n_accepted])
             if args.progress:
                 print(f"\rheld-out eval: {i + 1}/{len(held_out)}", end="", file=sys.stderr, flush=True)
         if args.progress:
             print(file=sys.stderr)
-    per_suite = {mode: {suite: (a / d if d else None) for suite, (d, a) in by_suite.items()}
-                 for mode, by_suite in counts.items()}
-    return {"n_per_suite": args.heldout, "acceptance": per_suite}
+    out = {"n_per_suite": args.heldout, "acceptance": heldout_acceptance(prompts), "prompts": prompts}
+    if args.heldout > 8:  # the stream experiment's held-out rows are the first 8 of each suite
+        out["acceptance_first_8"] = heldout_acceptance(prompts, 8)
+    return out
+
+
+def heldout_acceptance(prompts: dict[str, list[list[Any]]], first: int | None = None) -> dict[str, dict[str, Any]]:
+    """Per mode and suite: accepted / drafted pooled over the suite's held-out prompts (its
+    first `first` of them when given)."""
+    out: dict[str, dict[str, Any]] = {}
+    for mode, rows in prompts.items():
+        counts: dict[str, list[int]] = {}
+        for suite, drafted, accepted in rows:
+            c = counts.setdefault(suite, [0, 0, 0])
+            if first is None or c[2] < first:
+                c[0] += drafted
+                c[1] += accepted
+            c[2] += 1
+        out[mode] = {suite: (a / d if d else None) for suite, (d, a, _) in counts.items()}
+    return out
 
 
 def windowed_acceptance(records: list[dict[str, Any]], window: int) -> list[float | None]:
@@ -456,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
                       if args.auto_eval else None)
     summary = summarize(runs, args.window)
     if heldout is not None:
-        summary["heldout"] = heldout
+        summary["heldout"] = {key: value for key, value in heldout.items() if key != "prompts"}
     if evaluation is not None:
         summary["auto_eval"] = evaluation["summary"]
     print(json.dumps(summary, indent=1))

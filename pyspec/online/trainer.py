@@ -108,7 +108,8 @@ def _module(student: Student) -> torch.nn.Module:
     return student if isinstance(student, DraftModel) else student.module
 
 
-def _row_logits(student: Student, sample: TraceSample) -> torch.Tensor:
+def student_row_logits(student: Student, sample: TraceSample) -> torch.Tensor:
+    """The student's logits at the sample's rows ([n_rows, n_vocab], with grad when enabled)."""
     if isinstance(student, DraftModel):
         return student.logits_at(torch.from_numpy(sample.tokens.astype(np.int64)),
                                  torch.from_numpy(sample.rows.astype(np.int64)))
@@ -117,7 +118,7 @@ def _row_logits(student: Student, sample: TraceSample) -> torch.Tensor:
 
 def sample_loss(student: Student, sample: TraceSample, config: DistillConfig) -> torch.Tensor:
     """Summed loss over the sample's rows (a 0-dim tensor with grad)."""
-    logits = _row_logits(student, sample)  # [n_rows, n_vocab]
+    logits = student_row_logits(student, sample)  # [n_rows, n_vocab]
     target = TopK(torch.from_numpy(sample.top_ids.astype(np.int64)), torch.from_numpy(sample.top_probs))
     return distill_loss(logits, target, loss=config.loss, tau=config.tau, beta=config.beta, reduction="sum")
 
