@@ -104,6 +104,19 @@ def test_calibration_key_tells_modes_apart(q4_target: str) -> None:
     assert calibration.cache_file(keys["weights"]) != calibration.cache_file(keys["off"])
 
 
+def test_calibration_key_tells_huge_pages_apart(q4_target: str) -> None:
+    """A curve timed with huge pages is not used without them (and the other way round); the
+    key with them is the one caches written before the key named them hold."""
+    from pyspec import calibration
+
+    keys = {}
+    for huge in (True, False):
+        with pyspec.Engine(q4_target, n_ctx=256, n_threads=2, huge_pages=huge) as engine:
+            keys[huge] = calibration.cache_key(engine, None)
+    assert "huge_pages" not in keys[True] and keys[False]["huge_pages"] is False
+    assert calibration.cache_file(keys[True]) != calibration.cache_file(keys[False])
+
+
 def test_tools_repack_only_when_built_without_amx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from pyspec import llamacpp
 
