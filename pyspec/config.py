@@ -100,7 +100,9 @@ class GenerationConfig:
     when the engine has a head and its measured step cost and running acceptance make it pay, or
     plain decoding; considers paths up to auto_max_depth, auto_max_nodes nodes, chains up to
     auto_max_gamma, the draft model only when auto_draft_model, the head only when auto_head, the
-    engine's n-gram table (Engine(ngram=...), `pyspec ngram build`) only when auto_corpus; needs the cost curves of `pyspec calibrate`, measured
+    engine's n-gram table (Engine(ngram=...), `pyspec ngram build`) only when auto_corpus (chains
+    of up to auto_corpus_max_depth tokens, each predicted from a context the table saw at least
+    auto_corpus_min_total times); needs the cost curves of `pyspec calibrate`, measured
     on first use when missing), "none" (plain decoding), "chain" (draft model proposes a chain of n_draft tokens),
     "tree" (draft model grows candidates layer by layer, tree_depth layers, decoding the
     tree_expand best candidates of each layer together and adding their tree_branching likeliest
@@ -145,6 +147,8 @@ class GenerationConfig:
     auto_draft_model: bool = True
     auto_head: bool = True
     auto_corpus: bool = True
+    auto_corpus_max_depth: int = 8
+    auto_corpus_min_total: int = 10
     auto_adapt_costs: bool = True
     seed: int | None = None
     lookup_ngram_max: int = 16
@@ -204,6 +208,8 @@ class GenerationConfig:
         p.scheduler.use_draft_model = bool(self.auto_draft_model)
         p.scheduler.use_head = bool(self.auto_head)
         p.scheduler.use_corpus = bool(self.auto_corpus)
+        p.scheduler.corpus_max_depth = int(self.auto_corpus_max_depth)
+        p.scheduler.corpus_min_total = int(self.auto_corpus_min_total)
         p.scheduler.adapt_costs = bool(self.auto_adapt_costs)
         p.lookup.ngram_max = int(self.lookup_ngram_max)
         p.lookup.ngram_min = int(self.lookup_ngram_min)

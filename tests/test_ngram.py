@@ -78,10 +78,9 @@ def test_kind_corpus_buckets() -> None:
     assert len({_core.kind_corpus(c / 100) for c in range(30, 100)}) == 8
 
 
-def _replay(engine: pyspec.Engine, prompt: list[int], output: list[int], table: Path | None, corpus: bool = True):
-    params = pyspec.GenerationConfig(method="auto", pool=False).to_core()
-    params.scheduler.adapt_costs = False
-    params.scheduler.use_corpus = corpus
+def _replay(engine: pyspec.Engine, prompt: list[int], output: list[int], table: Path | None, **options):
+    """auto's drafts over a given output (GenerationConfig options, costs flat and fixed)."""
+    params = pyspec.GenerationConfig(method="auto", pool=False, auto_adapt_costs=False, **options).to_core()
     ((sizes, accepted, kinds),) = _core.replay_auto(
         [(prompt, output)], pyspec.CostCurve((1, 64), (10.0, 10.0))._core(), params.lookup, params.pool,
         params.scheduler, corpus=engine._core.load_ngram(str(table)) if table else None)
@@ -105,7 +104,7 @@ def test_auto_drafts_what_the_table_predicts(tiny_target: str, tmp_path: Path) -
         assert any(k in corpus_kinds for k in kinds)
         assert sum(accepted) >= len(output) // 2 and len(sizes) < len(output) // 2
         # auto_corpus=False leaves the table out.
-        sizes, accepted, _ = _replay(engine, prompt, output[4:], table, corpus=False)
+        sizes, accepted, _ = _replay(engine, prompt, output[4:], table, auto_corpus=False)
         assert sum(accepted) == 0
 
 
@@ -147,6 +146,29 @@ def test_bad_corpus_settings_are_named() -> None:
         setattr(bad, field, value)
         with pytest.raises(pyspec.InvalidArgumentError, match=f"auto {field}"):
             _core.replay_auto([([1, 2], [3, 4])], curve, params.lookup, params.pool, bad)
+
+
+def test_corpus_settings_reach_the_engine(tiny_target: str, tmp_path: Path) -> None:
+    """GenerationConfig.auto_corpus_max_depth / auto_corpus_min_total are the engine's: a depth
+    of 0 drafts nothing from the table, a min_total above the table's counts neither, and a bad
+    value is named by generate."""
+    config = pyspec.GenerationConfig(auto_corpus_max_depth=3, auto_corpus_min_total=7).to_core().scheduler
+    assert (config.corpus_max_depth, config.corpus_min_total) == (3, 7)
+    defaults = _core.AutoParams()
+    assert (pyspec.GenerationConfig.auto_corpus_max_depth, pyspec.GenerationConfig.auto_corpus_min_total) == \
+        (defaults.corpus_max_depth, defaults.corpus_min_total)
+    rng = np.random.default_rng(0)
+    with pyspec.Engine(tiny_target, n_ctx=256, n_threads=2) as engine:
+        half = engine._core.n_vocab // 2
+        output = rng.integers(10, half, size=40).tolist()
+        prompt = rng.integers(half, 2 * half, size=8).tolist() + output[:4]
+        table = _table(engine, [output] * 12, tmp_path / "corpus.ngram")  # counts 12
+        for options, drafts in (({}, True), ({"auto_corpus_max_depth": 0}, False),
+                                ({"auto_corpus_min_total": 13}, False), ({"auto_corpus_min_total": 12}, True)):
+            _, accepted, _ = _replay(engine, prompt, output[4:], table, **options)
+            assert (sum(accepted) > 0) == drafts, options
+        with pytest.raises(pyspec.InvalidArgumentError, match="auto corpus_min_total"):
+            engine.generate(prompt, max_tokens=4, auto_corpus_min_total=0)
 
 
 def test_fuzzed_tables_load_or_are_named(tiny_target: str, tmp_path: Path) -> None:

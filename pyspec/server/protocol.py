@@ -17,6 +17,7 @@ from ..results import GenerationResult, TokenLogprobs
 SPECULATIVE_FIELDS = (
     "method", "draft", "n_draft", "top_k", "min_p",
     "auto_max_depth", "auto_max_nodes", "auto_max_gamma", "auto_draft_model", "auto_head", "auto_corpus",
+    "auto_corpus_max_depth", "auto_corpus_min_total",
     "lookup_ngram_max", "lookup_ngram_min",
     "tree_nodes", "tree_depth", "tree_branching", "tree_expand", "beams", "beam_length",
     "pool", "pool_branches", "pool_phrase_len", "pool_max_nodes",
