@@ -39,11 +39,14 @@ def run_demo(
     max_tokens: int = 128,
     n_draft: int | None = None,
     n_threads: int | None = None,
+    repack: bool | str | None = None,
+    huge_pages: bool = True,
     out: Any = sys.stdout,
 ) -> list[DemoRun]:
     """Runs plain decoding and each speculative method on one HumanEval prompt; prints the
     completion of the fastest method and a table. Returns the runs, plain decoding first.
-    n_draft: draft length for every method (default: the engine's per-method default)."""
+    n_draft: draft length for every method (default: the engine's per-method default).
+    repack, huge_pages: as Engine's."""
     from .data import load_suite
     from .engine import Engine
     from .models import resolve_model
@@ -56,7 +59,7 @@ def run_demo(
     print(f"prompt: {prompt.id} through the chat template, greedy, {max_tokens} new tokens at most", file=out)
 
     runs = []
-    with Engine(target_path, draft=draft_path, n_threads=n_threads) as engine:
+    with Engine(target_path, draft=draft_path, n_threads=n_threads, repack=repack, huge_pages=huge_pages) as engine:
         engine.generate(prompt.messages, max_tokens=8, method="none")  # warm-up: page the weights in
         for m in ["none", *methods]:
             r = engine.generate(prompt.messages, max_tokens=max_tokens, method=m, n_draft=n_draft)
@@ -89,15 +92,19 @@ def format_table(runs: list[DemoRun]) -> str:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    from .cli import engine_options
+
     methods = args.methods.split(",") if args.methods else None
     runs = run_demo(
         args.target, args.draft, methods=methods, prompt_index=args.prompt_index, max_tokens=args.max_tokens,
-        n_draft=args.n_draft, n_threads=args.threads,
+        n_draft=args.n_draft, n_threads=args.threads, **engine_options(args),
     )
     return 0 if all(r.tokens == runs[0].tokens for r in runs) else 2
 
 
 def register_cli(subparsers: Any) -> None:
+    from .cli import add_engine_options
+
     p = subparsers.add_parser("demo", help="the main job: plain vs speculative decoding on real models")
     p.add_argument("--target", default=DEFAULT_TARGET, help=f"registry name or GGUF path (default {DEFAULT_TARGET})")
     p.add_argument("--draft", default=DEFAULT_DRAFT, help=f"registry name or GGUF path (default {DEFAULT_DRAFT})")
@@ -106,4 +113,5 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--n-draft", type=int, default=None, help="draft length (default: chain 4, lookup 8)")
     p.add_argument("--threads", type=int, default=None)
+    add_engine_options(p)
     p.set_defaults(handler=_cmd_demo)

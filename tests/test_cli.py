@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -58,7 +59,7 @@ class _EngineMade(Exception):
     """Raised by a recording Engine once it has the keyword arguments a command passed."""
 
 
-@pytest.mark.parametrize("command", ["generate", "calibrate", "bench", "serve"])
+@pytest.mark.parametrize("command", ["generate", "calibrate", "bench", "serve", "demo"])
 def test_repack_and_huge_pages_reach_the_engine(command: str, tiny_target: str, tiny_drafts: dict[str, str],
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Each command that loads an engine hands --repack and --no-huge-pages to Engine (serve
@@ -86,16 +87,19 @@ def test_repack_and_huge_pages_reach_the_engine(command: str, tiny_target: str, 
         return App
 
     monkeypatch.setattr(pyspec.server, "create_app", settings_app)
+    prompt = types.SimpleNamespace(id="HumanEval/0", messages=[{"role": "user", "content": "x"}])
+    monkeypatch.setattr("pyspec.data.load_suite", lambda suite, n=None: [prompt] * (n or 1))
     argv = {"generate": ["generate", "--target", tiny_target, "--prompt", "x"],
             "calibrate": ["calibrate", "--target", tiny_target, "--draft", ""],
             "bench": ["bench", "--target", tiny_target, "--draft", tiny_drafts["perturbed"], "--methods", "none",
                       "--no-progress"],
-            "serve": ["serve", "--target", tiny_target]}[command]
+            "serve": ["serve", "--target", tiny_target],
+            "demo": ["demo", "--target", tiny_target, "--draft", tiny_drafts["perturbed"]]}[command]
     for extra, expected in (([], (None, True)), (["--repack", "off", "--no-huge-pages"], ("off", False))):
         with pytest.raises(_EngineMade):
             main([*argv, *extra])
         assert (made[-1]["repack"], made[-1]["huge_pages"]) == expected
-    if command != "calibrate":  # --ngram: the commands that generate with auto
+    if command not in ("calibrate", "demo"):  # --ngram: the commands that serve users with auto
         assert made[-1].get("ngram") is None
         with pytest.raises(_EngineMade):
             main([*argv, "--ngram", "table.ngram"])
