@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
 import torch
@@ -102,13 +103,16 @@ def test_train_vocab_is_validated() -> None:
         DistillConfig(train_vocab="no")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("export_dtype", ["source", "source+q8_0"])
 @pytest.mark.parametrize("variant", ["llama", "q4_k_m"])
 def test_training_only_the_last_blocks(drafts: dict[str, Path], samples: list[TraceSample], tmp_path: Path,
-                                       variant: str) -> None:
+                                       variant: str, export_dtype: str) -> None:
     """train_blocks=1 with the vocabulary frozen: block 1 and the output norm learn; block 0 and
     the vocabulary matrices stay bit-identical, hold no AdamW state, get no gradient, and the
-    exported GGUF carries the source's bytes for them."""
-    config = DistillConfig(lr=1e-3, epochs=2, batch_size=2, positions="all", train_vocab=False, train_blocks=1)
+    exported GGUF carries the source's bytes for them (with "source+q8_0" too, where block 1's
+    matrices are written in q8_0)."""
+    config = DistillConfig(lr=1e-3, epochs=2, batch_size=2, positions="all", train_vocab=False, train_blocks=1,
+                           export_dtype=export_dtype)
     trainer = DraftTrainer(drafts[variant], config, tmp_path)
     tensors = trainer.student.module.gguf_tensors()
     assert trainer.student.module.config.n_layer == 2
@@ -128,6 +132,22 @@ def test_training_only_the_last_blocks(drafts: dict[str, Path], samples: list[Tr
     for name in frozen:
         assert written[name] == source[name], name
     assert written["blk.1.ffn_down.weight"] != source["blk.1.ffn_down.weight"]
+    Q = gguf.GGMLQuantizationType
+    written_tensors = {t.name: t for t in open_gguf(path).tensors}
+    source_types = {t.name: t.tensor_type for t in open_gguf(drafts[variant]).tensors}
+    for name in trained:
+        shape = [int(n) for n in written_tensors[name].shape]  # ggml order: the row length first
+        if len([n for n in shape if n > 1]) < 2:
+            expected = Q.F32  # vectors stay F32
+        elif export_dtype == "source+q8_0":
+            expected = Q.Q8_0 if shape[0] % 32 == 0 else Q.F16  # rows of whole q8_0 blocks, else F16
+        else:
+            expected = source_types[name]
+        assert written_tensors[name].tensor_type == expected, name
+    if export_dtype == "source+q8_0" and variant == "q4_k_m":
+        assert any(source_types[name] not in (Q.Q8_0, Q.F32) for name in frozen)  # a real mix
+    with pyspec.Engine(str(path), n_ctx=256, n_threads=1) as engine:  # llama.cpp loads the mix
+        assert engine.evaluate([1, 2, 3]).shape[-1] == engine._core.n_vocab
     # Block 0's output, computed once per sequence and reused across epochs, is still what the
     # trained model computes from scratch.
     assert trainer.student.n_fixed_blocks == 1

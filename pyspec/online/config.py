@@ -4,6 +4,10 @@ trainer runs in its own process (worker.py), and these cross the pipe to it and 
 Export types (`DistillConfig.export_dtype`):
 - "source" (default): each tensor in the type the source GGUF stores it in, so the trained draft
   costs what the draft it replaces cost (a Q5_0 draft exported in f16 ran 1.65x slower per token);
+- "source+q8_0": the tensors training moves in q8_0, the frozen ones (train_vocab=False,
+  train_blocks) copied from the source in its types. Small updates survive q8_0's rounding
+  (they can vanish in Q5_0's: `benchmarks/online_sim.py --served`, README) while the frozen
+  vocabulary matrices, most of a small draft's bytes, keep the source's cost;
 - "f32", "f16", "bf16", "q8_0": written directly (the gguf package's encoders);
 - the other llama.cpp file types ("q4_k_m", "q5_0", "q6_k", ...): written as f32, then
   converted by llama.cpp's own quantizer with its per-tensor mix (`llama_model_quantize`).
@@ -37,7 +41,10 @@ LLAMA_TYPES: dict[str, gguf.LlamaFileType] = {
                  "q5_k_s", "q5_k_m", "q6_k")
 }
 
-EXPORT_TYPES: tuple[str, ...] = ("source", *DIRECT_TYPES, *LLAMA_TYPES)
+# "source+q8_0": what training moves in q8_0, what it froze in the source's types.
+MIXED_Q8_0 = "source+q8_0"
+
+EXPORT_TYPES: tuple[str, ...] = ("source", MIXED_Q8_0, *DIRECT_TYPES, *LLAMA_TYPES)
 
 TEACHERS = ("trace", "evaluate")
 LR_SCHEDULES = ("constant", "inverse_sqrt")

@@ -9,8 +9,9 @@ llama.cpp's own quantizer (`_core.quantize_model`, llama_model_quantize), which 
 the source's K-quant and mixed-type tensors. Vectors (norms, biases) stay F32.
 
 Tensors the caller left as loaded (`unchanged`: a trainer's frozen vocabulary matrices) are
-copied byte for byte from the source whenever they are written in their source type: dequantizing
-and quantizing again need not give back the same bytes, and the copy skips the encoding's cost.
+copied byte for byte from the source whenever they are written in their source type, and always
+with "source+q8_0": dequantizing and quantizing again need not give back the same bytes, and the
+copy skips the encoding's cost.
 
 Reading the source's metadata takes seconds for a real vocabulary; `ExportTemplate.read` does it
 once and every later export of the same model reuses it.
@@ -31,7 +32,7 @@ import numpy as np
 import torch
 
 from .. import _core
-from .config import DIRECT_TYPES, EXPORT_TYPES, LLAMA_TYPES
+from .config import DIRECT_TYPES, EXPORT_TYPES, LLAMA_TYPES, MIXED_Q8_0
 from .gguf_read import ModelConfig, expected_shapes, open_gguf, read_config
 from .model import DraftModel
 
@@ -168,8 +169,8 @@ def _plan(template: ExportTemplate, dtype: str) -> tuple[dict[str, gguf.GGMLQuan
     names = template.tensor_names
     vectors = {name: Q.F32 for name in names if len(shapes[name]) == 1}
     matrices = [name for name in names if len(shapes[name]) > 1]
-    if dtype in DIRECT_TYPES:
-        matrix_type, file_type = DIRECT_TYPES[dtype]
+    if dtype in DIRECT_TYPES or dtype == MIXED_Q8_0:  # the mix: q8_0, its frozen tensors copied later
+        matrix_type, file_type = DIRECT_TYPES["q8_0" if dtype == MIXED_Q8_0 else dtype]
         types = {}
         for name in matrices:
             types[name] = matrix_type if _fits(shapes[name], matrix_type) else Q.F16
@@ -202,11 +203,13 @@ def export_gguf(
     """Write `model` to `out` as GGUF with the metadata of `source` (default: model.source_path).
 
     dtype: one of EXPORT_TYPES (config.py): "source" (each matrix in its source type), f32,
-    f16, bf16, q8_0 (a matrix whose rows are not whole blocks falls back to F16), or a llama.cpp
-    type such as q4_k_m or q5_0. template: ExportTemplate.read(source), to skip re-reading the
+    f16, bf16, q8_0 (a matrix whose rows are not whole blocks falls back to F16), "source+q8_0"
+    (q8_0, but every `unchanged` tensor copied in its source type), or a llama.cpp type such as
+    q4_k_m or q5_0. template: ExportTemplate.read(source), to skip re-reading the
     source's metadata on every export. n_threads: llama.cpp's quantizer (0: all cores).
     unchanged: GGUF names of tensors whose weights are still the source's (frozen in training);
-    with dtype "source" (or a direct type equal to theirs) their source bytes are copied.
+    with dtype "source" or "source+q8_0" (or a direct type equal to theirs) their source bytes
+    are copied.
     The source must have exactly the model's tensors and shapes. The file appears atomically:
     written beside `out`, fsynced, then renamed over it; a failure leaves `out` as it was.
     """
@@ -237,7 +240,7 @@ def export_gguf(
         types = dict(types)
         for name in unchanged:
             source_type = template.tensor_types[name]
-            if int(target.get(name, types[name])) == int(source_type):
+            if dtype == MIXED_Q8_0 or int(target.get(name, types[name])) == int(source_type):
                 types[name] = source_type
                 copied.add(name)
 
