@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from online_stream import load_stream  # this script's directory is on sys.path
+from online_stream import heldout_acceptance, load_stream  # this script's directory is on sys.path
 
 from pyspec.online.config import TRAIN_BLOCKS_HELP, DistillConfig  # no torch: plain settings
 
@@ -109,11 +109,11 @@ def answer_acceptance(student: Any, sample: Any, n_draft: int, served: Any = Non
 
 
 class ServedDraft:
-    """The trained draft as the engine would serve it: exported in config.export_dtype and
-    loaded by llama.cpp (reloaded after every update)."""
+    """The trained draft as the engine would serve it: the file an update exported (in
+    config.export_dtype), loaded by llama.cpp; the file it replaces is removed."""
 
-    def __init__(self, path: str, work: str, threads: int) -> None:
-        self.work, self.threads, self.n_exports = Path(work), threads, 0
+    def __init__(self, path: str, threads: int) -> None:
+        self.threads, self.path = threads, None
         self.engine = self._open(path)
 
     def _open(self, path: str) -> Any:
@@ -121,13 +121,12 @@ class ServedDraft:
 
         return pyspec.Engine(path, n_ctx=4096, n_threads=self.threads, prefix_cache=False)
 
-    def update(self, student: Any) -> None:
-        self.n_exports += 1
-        path = student.export(self.work / f"served-{self.n_exports}.gguf")
+    def load(self, path: Path) -> None:
         self.engine.close()
         self.engine = self._open(str(path))
-        if self.n_exports > 1:
-            (self.work / f"served-{self.n_exports - 1}.gguf").unlink(missing_ok=True)
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
+        self.path = path
 
 
 def heldout_by_suite(student: Any, heldout: list[dict[str, Any]], n_draft: int) -> dict[str, float | None]:
@@ -145,7 +144,7 @@ def pooled(pairs: list[tuple[int, int]]) -> float | None:
 
 def simulate(args: argparse.Namespace, data: dict[str, Any]) -> dict[str, Any]:
     from pyspec.online.buffer import ReplayBuffer, merge_samples
-    from pyspec.online.trainer import DraftTrainer, train
+    from pyspec.online.trainer import DraftTrainer
 
     config = DistillConfig(loss=args.loss, tau=args.tau, positions="all", top_k=data["top_k"],
                            export_dtype=args.export_dtype,
@@ -160,7 +159,7 @@ def simulate(args: argparse.Namespace, data: dict[str, Any]) -> dict[str, Any]:
         student = trainer.student
         buffer = ReplayBuffer(args.buffer_limit, rehearsal_limit=config.rehearsal_limit if config.rehearsal > 0 else 0,
                               seed=config.seed)
-        served = ServedDraft(args.draft, work, args.train_threads) if args.served else None
+        served = ServedDraft(args.draft, args.train_threads) if args.served else None
         requests, updates, since = [], [], 0
         boundaries = {}  # suite -> the final-so-far draft's held-out acceptance when the stream reaches it
         for index, item in enumerate(data["stream"]):
@@ -180,19 +179,14 @@ def simulate(args: argparse.Namespace, data: dict[str, Any]) -> dict[str, Any]:
                 samples = buffer.snapshot()
                 n_new = sum(s.n_rows for s in samples)
                 rehearsed = buffer.rehearsal(int(config.rehearsal * n_new)) if config.rehearsal > 0 else []
-                lr = config.lr_at(trainer.n_updates + 1)
-                start = getattr(student, "start_update", None)
-                if callable(start):
-                    start()
-                report = train(student, trainer.optimizer, samples, config, trainer._rng, rehearsed=rehearsed, lr=lr)
-                trainer.n_updates += 1
+                path, report = trainer.update(samples, rehearsed, export=served is not None)
                 buffer.release(samples)
                 if served:
-                    served.update(student)
-                updates.append({"after": index + 1, "lr": lr, "positions": report.n_positions,
+                    served.load(path)
+                updates.append({"after": index + 1, "lr": report.lr, "positions": report.n_positions,
                                 "rehearsed": report.n_rehearsed, "loss_before": report.loss_before,
                                 "loss_after": report.loss_after, "seconds": report.seconds})
-                print(f"update {trainer.n_updates} after {index + 1}: lr {lr:.2e}, {report.n_positions} positions, "
+                print(f"update {trainer.n_updates} after {index + 1}: lr {report.lr:.2e}, {report.n_positions} positions, "
                       f"loss {report.loss_before:.3f} -> {report.loss_after:.3f}, {report.seconds:.1f} s",
                       file=sys.stderr)
         heldout = []
@@ -219,16 +213,13 @@ def summary(run: dict[str, Any], window: int, first_heldout: int) -> dict[str, A
 
     out = {"stream": {s: acc([r for r in requests if r["suite"] == s]) for s in suites},
            "window_end": acc(requests[-window:]), "heldout_at_suite_start": run.get("heldout_at_suite_start", {})}
-    served = [{"suite": h["suite"], "drafted": h["served_drafted"], "accepted": h["served_accepted"]}
-              for h in held if "served_drafted" in h]
-    for prefix, rows_of in (("", held), ("served_", served)):
-        if not rows_of:
-            continue
-        for label, n in ((f"heldout_first{first_heldout}", first_heldout), ("heldout_all", None)):
-            out[prefix + label] = {}
-            for s in suites:
-                rows = [h for h in rows_of if h["suite"] == s]
-                out[prefix + label][s] = acc(rows[:n] if n else rows)
+    # held-out rows as online_stream.py keeps them ([suite, drafted, accepted] per prompt and mode)
+    rows = {"": [[h["suite"], h["drafted"], h["accepted"]] for h in held],
+            "served_": [[h["suite"], h["served_drafted"], h["served_accepted"]] for h in held if "served_drafted" in h]}
+    for prefix, by_mode in heldout_acceptance({p: r for p, r in rows.items() if r}, first_heldout).items():
+        out[f"{prefix}heldout_first{first_heldout}"] = by_mode
+    for prefix, by_mode in heldout_acceptance({p: r for p, r in rows.items() if r}).items():
+        out[f"{prefix}heldout_all"] = by_mode
     return out
 
 

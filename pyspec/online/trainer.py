@@ -234,8 +234,8 @@ class DraftTrainer:
     updates), its optimizer and the update count. Lives in the training process (worker.py).
 
     factory(path, config) -> Distillable builds the student from a file (default GGUFDraft).
-    update(): train on the samples, export to work_dir/<name>-<n><suffix>, return the path and
-    report. reset(path): start again from a file's weights (the one serving, after an update
+    update(): train on the samples, export to work_dir/<name>-<n><suffix> (unless
+    export=False), return the path and report. reset(path): start again from a file's weights (the one serving, after an update
     that did not reach the engine) with a fresh optimizer; the update count, and so the
     learning-rate schedule, continues.
     """
@@ -256,16 +256,22 @@ class DraftTrainer:
         self.student = self.factory(os.fspath(path), self.config)
         self.optimizer = make_optimizer(self.student, self.config)
 
-    def update(self, samples: Sequence[TraceSample], rehearsed: Sequence[TraceSample] = ()) -> tuple[Path, TrainReport]:
+    def update(self, samples: Sequence[TraceSample], rehearsed: Sequence[TraceSample] = (), *,
+               export: bool = True) -> tuple[Path | None, TrainReport]:
+        """Trains update n_updates + 1 (its learning rate, the student's per-update reset) and
+        exports it; export=False leaves the weights in memory (path None; a replay of the
+        schedule that measures the float32 weights, benchmarks/online_sim.py)."""
         lr = self.config.lr_at(self.n_updates + 1)
         start = getattr(self.student, "start_update", None)
         if callable(start):
             start()
         report = train(self.student, self.optimizer, samples, self.config, self._rng, rehearsed=rehearsed, lr=lr)
-        self.n_exports += 1
-        t0 = time.perf_counter()
-        out = self.work_dir / f"{self.name}-{self.n_exports}{getattr(self.student, 'suffix', '')}"
-        path = self.student.export(out)
+        path = None
+        if export:
+            self.n_exports += 1
+            t0 = time.perf_counter()
+            out = self.work_dir / f"{self.name}-{self.n_exports}{getattr(self.student, 'suffix', '')}"
+            path = self.student.export(out)
+            report = TrainReport(**{**report.__dict__, "export_seconds": time.perf_counter() - t0})
         self.n_updates += 1
-        report = TrainReport(**{**report.__dict__, "export_seconds": time.perf_counter() - t0})
         return path, report
