@@ -171,3 +171,18 @@ def test_train_blocks_counts_from_the_last_block(drafts: dict[str, Path]) -> Non
         DistillConfig(train_blocks=-1)
     with pytest.raises(ValueError, match="train_blocks must be a whole number"):
         DistillConfig(train_blocks=True)  # type: ignore[arg-type]
+
+
+def test_an_update_without_export(drafts: dict[str, Path], samples: list[TraceSample], tmp_path: Path) -> None:
+    """update(export=False) trains as an update does (counted, on the schedule's rate) and writes
+    no file; the next exported update is the first file."""
+    config = DistillConfig(lr=1e-3, lr_schedule="inverse_sqrt", epochs=1, batch_size=2, positions="all")
+    trainer = DraftTrainer(drafts["llama"], config, tmp_path)
+    before = trainer.student.module.gguf_tensors()["blk.1.ffn_down.weight"].detach().clone()
+    path, report = trainer.update(samples, export=False)
+    assert path is None and report.export_seconds == 0.0 and list(tmp_path.iterdir()) == []
+    assert trainer.n_updates == 1 and report.lr == config.lr_at(1)
+    assert not torch.equal(trainer.student.module.gguf_tensors()["blk.1.ffn_down.weight"].detach(), before)
+    path, report = trainer.update(samples)
+    assert path is not None and path.exists() and path.name == "draft-1.gguf"
+    assert trainer.n_updates == 2 and report.lr == config.lr_at(2)
