@@ -186,8 +186,8 @@ def simulate(args: argparse.Namespace, data: dict[str, Any]) -> dict[str, Any]:
                 updates.append({"after": index + 1, "lr": report.lr, "positions": report.n_positions,
                                 "rehearsed": report.n_rehearsed, "loss_before": report.loss_before,
                                 "loss_after": report.loss_after, "seconds": report.seconds})
-                print(f"update {trainer.n_updates} after {index + 1}: lr {report.lr:.2e}, {report.n_positions} positions, "
-                      f"loss {report.loss_before:.3f} -> {report.loss_after:.3f}, {report.seconds:.1f} s",
+                print(f"update {trainer.n_updates} after {index + 1}: lr {report.lr:.2e}, "
+                      f"{report.n_positions} positions, loss {report.loss_before:.3f} -> {report.loss_after:.3f}, {report.seconds:.1f} s",
                       file=sys.stderr)
         heldout = []
         for item in data["heldout"]:
@@ -216,10 +216,10 @@ def summary(run: dict[str, Any], window: int, first_heldout: int) -> dict[str, A
     # held-out rows as online_stream.py keeps them ([suite, drafted, accepted] per prompt and mode)
     rows = {"": [[h["suite"], h["drafted"], h["accepted"]] for h in held],
             "served_": [[h["suite"], h["served_drafted"], h["served_accepted"]] for h in held if "served_drafted" in h]}
-    for prefix, by_mode in heldout_acceptance({p: r for p, r in rows.items() if r}, first_heldout).items():
-        out[f"{prefix}heldout_first{first_heldout}"] = by_mode
-    for prefix, by_mode in heldout_acceptance({p: r for p, r in rows.items() if r}).items():
-        out[f"{prefix}heldout_all"] = by_mode
+    rows = {prefix: r for prefix, r in rows.items() if r}
+    for label, first in ((f"heldout_first{first_heldout}", first_heldout), ("heldout_all", None)):
+        for prefix, by_mode in heldout_acceptance(rows, first).items():
+            out[prefix + label] = by_mode
     return out
 
 

@@ -37,8 +37,8 @@ KINDS = ("config", "prompt", "messages", "pool_file", "gguf", "gguf_draft", "eng
 
 INT_FIELDS = ["max_tokens", "top_k", "n_draft", "auto_max_depth", "auto_max_nodes", "auto_max_gamma",
               "auto_corpus_max_depth", "auto_corpus_min_total", "lookup_ngram_max", "lookup_ngram_min",
-              "tree_nodes", "tree_depth", "tree_branching", "tree_expand", "beams", "beam_length", "pool_branches", "pool_phrase_len", "pool_max_nodes", "trace_top_k", "seed",
-              "logprobs"]
+              "tree_nodes", "tree_depth", "tree_branching", "tree_expand", "beams", "beam_length", "pool_branches",
+              "pool_phrase_len", "pool_max_nodes", "trace_top_k", "seed", "logprobs"]
 FLOAT_FIELDS = ["temperature", "top_p", "min_p", "typical_epsilon", "typical_delta"]
 BOOL_FIELDS = ["auto_draft_model", "auto_head", "auto_corpus", "auto_adapt_costs", "pool", "harvest_prompt", "harvest_generated",
                "harvest_verification", "return_logits"]

@@ -235,9 +235,9 @@ class DraftTrainer:
 
     factory(path, config) -> Distillable builds the student from a file (default GGUFDraft).
     update(): train on the samples, export to work_dir/<name>-<n><suffix> (unless
-    export=False), return the path and report. reset(path): start again from a file's weights (the one serving, after an update
-    that did not reach the engine) with a fresh optimizer; the update count, and so the
-    learning-rate schedule, continues.
+    export=False), return the path and report. reset(path): start again from a file's weights
+    (the one serving, after an update that did not reach the engine) with a fresh optimizer;
+    the update count, and so the learning-rate schedule, continues.
     """
 
     def __init__(self, path: str | os.PathLike[str], config: DistillConfig, work_dir: str | os.PathLike[str], *,
