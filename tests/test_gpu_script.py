@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu" / "gpu_check.py"
@@ -19,7 +20,14 @@ def test_gpu_check_runs_end_to_end_on_the_cpu_backend(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=600)
     assert pack.returncode == 0, pack.stdout[-3000:] + pack.stderr[-3000:]
     manifest = json.loads((work / "carry" / "manifest.json").read_text())
-    assert (work / "carry" / "llama.cpp.tar.xz").stat().st_size < 8e6  # trimmed: the whole tree is ~60 MB
+    tree = work / "carry" / "llama.cpp.tar.xz"
+    assert tree.stat().st_size < 8e6  # trimmed: the whole tree is ~60 MB
+    # Every file extracts under llama.cpp/, also those whose long path the sdist keeps in a pax
+    # header (the CUDA build's template instances: a stale header once sent them elsewhere).
+    with tarfile.open(tree) as tar:
+        names = tar.getnames()
+    assert names and all(n.startswith("llama.cpp/") for n in names), [n for n in names if not n.startswith("llama.cpp/")][:3]
+    assert "llama.cpp/ggml/src/ggml-cuda/template-instances/fattn-vec-instance-f16-f16.cu" in names
     assert sorted(w.name.split("-")[0] for w in (work / "carry" / "wheels").glob("*.whl")) == \
         ["gguf", "nanobind", "packaging", "pathspec", "scikit_build_core"]
 

@@ -46,6 +46,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 sys.path.insert(0, str(HERE))
+try:
+    import gguf  # noqa: F401  (shape_model needs it; a CUDA image's Python may lack it)
+except ImportError:  # then the wheel `pack` carried, importable as a zip (pure Python)
+    sys.path[:0] = [str(w) for w in sorted((REPO / ".gpu" / "carry" / "wheels").glob("gguf-*.whl"))]
 
 from gpu_steps import (  # noqa: E402
     STEPS, Layout, RunContext, build_step, plan_step, real_step, shapes_step, test_step)

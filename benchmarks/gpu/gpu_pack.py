@@ -63,6 +63,9 @@ def trim_llama_source(sdist: Path, dest: Path) -> int:
             if member.isdir() or not _kept(rel):
                 continue
             data = src.extractfile(member)
+            # A long path is stored in the sdist's pax header, which would win over the new name
+            # on extraction: drop it, so every file lands under llama.cpp/.
+            member.pax_headers = {k: v for k, v in member.pax_headers.items() if k not in ("path", "linkpath")}
             member.name = "llama.cpp/" + rel
             out.addfile(member, data)
             n += 1
