@@ -108,6 +108,8 @@ def main() -> int:
     ap.add_argument("--per-prompt", action="store_true")
     ap.add_argument("--no-stop-tokens", action="store_true",
                     help="copies run on through the target's control tokens (auto before they stopped there)")
+    ap.add_argument("--no-boundaries", action="store_true",
+                    help="no kinds of their own for copy nodes that end a top-level unit (auto before it had them)")
     ap.add_argument("--actual-curve", type=Path,
                     help="charge the steps this curve's times (a `benchmarks/context_cost.py --json` file "
                          "and --actual-context, e.g. the target at a long context) while auto plans from "
@@ -136,6 +138,8 @@ def main() -> int:
         actual = calibration.CostCurve(tuple(measured["n_tokens"]), tuple(measured["ms"]))
     params = GenerationConfig(method="auto").to_core()
     params.lookup.stop_tokens = [] if args.no_stop_tokens else engine._core.control_tokens()  # as the engine
+    if not args.no_boundaries:
+        params.lookup.blank_line_tokens, params.lookup.unit_start_tokens = engine._core.layout_tokens()
     corpus = engine._core.load_ngram(str(args.ngram)) if args.ngram else None  # checked against the target
     jobs = [recorded_runs(p) for p in args.bench]
     jobs += [(s, generated_runs(engine, s, args.n, args.max_tokens)) for s in args.suite]

@@ -10,7 +10,9 @@ occurrence of the suffix goes on differently); it is accepted when the output's 
 once: this is P(node accepted | its parent accepted) per bucket, what a node kind's statistics
 estimate. Prints, per source, the uncontested nodes' acceptance by bucket, pooled and per suite,
 beside the prior m / (m + 2). Positions proposing a control token (where copies stop) are left
-out.
+out. Then, per suite, the nodes that end a top-level unit of the source (a blank-line token the
+copied text follows with a token at the left margin: kind_lookup_boundary) and how often they were
+copied, also counted in the table above.
 
     python benchmarks/copy_priors.py benchmarks/results/vs_llama_cpp_humaneval.json \\
         benchmarks/results/vs_llama_cpp_edit.json benchmarks/results/vs_llama_cpp_longedit_contested_only.json \\
@@ -34,9 +36,10 @@ def bucket(match_len: int) -> int:
     return max(b for b in range(len(BUCKETS)) if BUCKETS[b] <= match_len)
 
 
-def proposals(prompt: list[int], output: list[int], stops: set[int]) -> list[tuple[str, bool, int, bool]]:
-    """(source, contested, bucket, accepted) of lookup's next node at each output position, from
-    the drafter's match as benchmarks/match_ambiguity.py finds it."""
+def proposals(prompt: list[int], output: list[int], stops: set[int], blank_line: set[int] = frozenset(),
+              unit_start: set[int] = frozenset()) -> list[tuple[str, bool, int, bool, bool]]:
+    """(source, contested, bucket, accepted, unit end) of lookup's next node at each output
+    position, from the drafter's match as benchmarks/match_ambiguity.py finds it."""
     hist = list(prompt)
     index: dict[int, list[int]] = collections.defaultdict(list)  # token -> positions p < len(hist) - 1
     for i in range(len(hist) - 1):
@@ -45,8 +48,9 @@ def proposals(prompt: list[int], output: list[int], stops: set[int]) -> list[tup
     for token in output:
         m = find_match(hist, len(prompt), index)
         if m is not None and hist[m.start] not in stops:
+            unit_end = hist[m.start] in blank_line and m.start + 1 < len(hist) and hist[m.start + 1] in unit_start
             rows.append(("prompt" if m.in_prompt else "output", m.contested == 0, bucket(m.n_matched),
-                         token == hist[m.start]))
+                         token == hist[m.start], unit_end))
         index[hist[-1]].append(len(hist) - 1)
         hist.append(token)
     return rows
@@ -58,15 +62,21 @@ def main() -> None:
     args = ap.parse_args()
     engine = Engine(TARGET, n_ctx=4096, n_threads=1)
     stops = set(engine._core.control_tokens())
+    blank_line, unit_start = (set(tokens) for tokens in engine._core.layout_tokens())
     counts: dict[tuple[str, str, int], list[int]] = collections.defaultdict(lambda: [0, 0])
+    unit_ends: dict[tuple[str, str, bool], list[int]] = collections.defaultdict(lambda: [0, 0])
     for path in args.bench:
         suite, runs = recorded_runs(path)
         prompts = prompt_tokens(engine, suite, len(runs))
         for pid, output in runs:
-            for source, contested, b, accepted in proposals(prompts[pid], output, stops) if output else ():
+            rows = proposals(prompts[pid], output, stops, blank_line, unit_start) if output else ()
+            for source, contested, b, accepted, unit_end in rows:
                 if not contested:
                     counts[(source, suite, b)][0] += accepted
                     counts[(source, suite, b)][1] += 1
+                if not contested and unit_end:
+                    unit_ends[(source, suite, BUCKETS[b] >= 17)][0] += accepted
+                    unit_ends[(source, suite, BUCKETS[b] >= 17)][1] += 1
     for source in ("prompt", "output"):
         print(f"\n{source} copies, uncontested: P(accepted) by match length (positions)\n")
         print("| length | prior m/(m+2) | pooled | per suite |")
@@ -77,6 +87,10 @@ def main() -> None:
             if tries:
                 print(f"| {m}{'+' if b == len(BUCKETS) - 1 else ''} | {m / (m + 2):.3f} | {hits / tries:.3f} ({tries}) | "
                       + ", ".join(f"{suite} {c[0] / c[1]:.2f} ({c[1]})" for suite, c in cells) + " |")
+    print("\nunit ends (uncontested): copied / positions, after a match of any length; of them, 17 tokens or more\n")
+    for (source, suite) in sorted({(src, suite) for src, suite, _ in unit_ends}):
+        short, long = unit_ends.get((source, suite, False), [0, 0]), unit_ends.get((source, suite, True), [0, 0])
+        print(f"{source} copies, {suite}: {short[0] + long[0]} / {short[1] + long[1]}; {long[0]} / {long[1]}")
     engine.close()
 
 

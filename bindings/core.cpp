@@ -237,6 +237,7 @@ NB_MODULE(_core, m) {
     m.def("kind_pool", &spec::kind_pool, "match_len"_a);
     m.def("kind_model", &spec::kind_model, "probability"_a);
     m.def("kind_lookup_contested", &spec::kind_lookup_contested);
+    m.def("kind_lookup_boundary", &spec::kind_lookup_boundary, "match_len"_a);
     m.def("kind_corpus", &spec::kind_corpus, "confidence"_a);
     m.def("fnv1a64", [](const nb::bytes& data) { return spec::fnv1a64(data.data(), data.size()); }, "data"_a,
           "FNV-1a 64 of bytes (spec/checksum.h: the checksum of pyspec's file formats).");
@@ -315,7 +316,10 @@ NB_MODULE(_core, m) {
         .def(nb::init<>())
         .def_rw("ngram_max", &spec::LookupParams::ngram_max)
         .def_rw("ngram_min", &spec::LookupParams::ngram_min)
-        .def_rw("stop_tokens", &spec::LookupParams::stop_tokens);
+        .def_rw("stop_tokens", &spec::LookupParams::stop_tokens)
+        .def_rw("blank_line_tokens", &spec::LookupParams::blank_line_tokens)
+        .def_rw("unit_start_tokens", &spec::LookupParams::unit_start_tokens)
+        .def_rw("unit_ends", &spec::LookupParams::unit_ends);
 
     nb::class_<spec::GenerateParams>(m, "GenerateParams")
         .def(nb::init<>())
@@ -521,6 +525,11 @@ NB_MODULE(_core, m) {
         }, "messages"_a, "add_assistant"_a = true)
         .def("is_eog", [](spec::Engine& e, int32_t token) { return e.shared_target()->is_eog(token); })
         .def("control_tokens", [](spec::Engine& e) { return e.shared_target()->control_tokens(); })
+        .def("layout_tokens", [](spec::Engine& e) {
+            std::vector<int32_t> blank_line, unit_start;
+            e.shared_target()->layout_tokens(&blank_line, &unit_start);
+            return std::make_pair(blank_line, unit_start);
+        }, "(blank_line_tokens, unit_start_tokens) of the target's vocabulary (LookupParams).")
         .def_prop_ro("n_vocab", [](spec::Engine& e) { return e.shared_target()->n_vocab(); })
         .def_prop_ro("n_ctx", [](spec::Engine& e) { return e.shared_target()->n_ctx(); })
         .def_prop_ro("n_repacked", [](spec::Engine& e) { return e.shared_target()->n_repacked(); })

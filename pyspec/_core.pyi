@@ -130,7 +130,7 @@ MAX_TREE_NODES: int = 63
 
 def drafter_methods() -> list[tuple[str, str, bool]]:
     """
-    The engine's drafting methods in display order: (name, draft-model use 'never' | 'required' | 'optional', needs a draft head).
+    The engine's drafting methods in display order: (name, draft-model use 'never' | 'required' | 'optional', requires a draft head).
     """
 
 class TreeParams:
@@ -242,6 +242,12 @@ class AutoParams:
     def max_gamma(self, arg: int, /) -> None: ...
 
     @property
+    def adapt_costs(self) -> bool: ...
+
+    @adapt_costs.setter
+    def adapt_costs(self, arg: bool, /) -> None: ...
+
+    @property
     def use_draft_model(self) -> bool: ...
 
     @use_draft_model.setter
@@ -252,6 +258,24 @@ class AutoParams:
 
     @use_head.setter
     def use_head(self, arg: bool, /) -> None: ...
+
+    @property
+    def use_corpus(self) -> bool: ...
+
+    @use_corpus.setter
+    def use_corpus(self, arg: bool, /) -> None: ...
+
+    @property
+    def corpus_max_depth(self) -> int: ...
+
+    @corpus_max_depth.setter
+    def corpus_max_depth(self, arg: int, /) -> None: ...
+
+    @property
+    def corpus_min_total(self) -> int: ...
+
+    @corpus_min_total.setter
+    def corpus_min_total(self, arg: int, /) -> None: ...
 
 class CostCurve:
     @overload
@@ -290,12 +314,48 @@ class AcceptanceStats:
 
     def clear(self) -> None: ...
 
-def kind_lookup(ngram: int) -> int: ...
-def kind_lookup_contested() -> int: ...
+def kind_lookup(match_len: int) -> int: ...
 
-def kind_pool(key_len: int) -> int: ...
+def kind_pool(match_len: int) -> int: ...
 
 def kind_model(probability: float) -> int: ...
+
+def kind_lookup_contested() -> int: ...
+
+def kind_lookup_boundary(match_len: int) -> int: ...
+
+def kind_corpus(confidence: float) -> int: ...
+
+def fnv1a64(data: bytes) -> int:
+    """
+    FNV-1a 64 of bytes (spec/checksum.h: the checksum of pyspec's file formats).
+    """
+
+CORPUS_MIN_CONFIDENCE: float = 0.3
+
+class NgramTable:
+    """A static n-gram table (spec/ngram_table.h)."""
+
+    @staticmethod
+    def load(path: str, n_vocab: int, vocab_fingerprint: str) -> NgramTable: ...
+
+    def predict(self, tokens: Sequence[int], min_total: int) -> tuple[int, int, int] | None:
+        """
+        (token, count, total) after tokens, as method auto looks it up; None when none.
+        """
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def path(self) -> str: ...
+
+def ngram_key(context: Sequence[int]) -> int:
+    """
+    The n-gram table key of a context (spec/ngram_table.h), for tests and tools.
+    """
+
+def kind_name(kind: int) -> str: ...
 
 class DraftPlan:
     @property
@@ -307,7 +367,7 @@ class DraftPlan:
     @property
     def ms(self) -> float: ...
 
-def plan_draft(parents: Sequence[int], kinds: Sequence[int], stats: AcceptanceStats, target: CostCurve, sunk_ms: float) -> DraftPlan: ...
+def plan_draft(parents: Sequence[int], kinds: Sequence[int], stats: AcceptanceStats, step_ms: Sequence[float], sunk_ms: float) -> DraftPlan: ...
 
 class ChainPlan:
     @property
@@ -320,12 +380,33 @@ class ChainPlan:
     def ms(self) -> float: ...
 
 @overload
-def plan_chain(alpha: float, step_ms: list[float], draft_token_ms: float, gamma_max: int,
-               fixed_ms: float = 0.0) -> ChainPlan: ...
-@overload
-def plan_chain(alpha: list[float], step_ms: list[float], draft_token_ms: float, gamma_max: int,
-               fixed_ms: float = 0.0) -> ChainPlan: ...
+def plan_chain(alpha: float, step_ms: Sequence[float], draft_token_ms: float, gamma_max: int, fixed_ms: float = 0.0) -> ChainPlan: ...
 
+@overload
+def plan_chain(alpha: Sequence[float], step_ms: Sequence[float], draft_token_ms: float, gamma_max: int, fixed_ms: float = 0.0) -> ChainPlan: ...
+
+class CostModel:
+    def __init__(self) -> None: ...
+
+    def set_prior(self, prior: CostCurve) -> None: ...
+
+    @property
+    def prior(self) -> CostCurve: ...
+
+    def at(self, k: int) -> float: ...
+
+    def table(self, k_max: int, corrected: bool = True) -> list[float]: ...
+
+    def observe(self, k: int, ms: float) -> None: ...
+
+    def correction(self, k: int) -> float: ...
+
+    def n_observed(self, k: int) -> int: ...
+
+    @property
+    def n_observed_total(self) -> int: ...
+
+def replay_auto(requests: Sequence[tuple[Sequence[int], Sequence[int]]], curve: CostCurve, lookup: LookupParams, pool: PoolParams, params: AutoParams, pool_capacity: int = 65536, actual: CostCurve | None = None, corpus: NgramTable | None = None) -> list[tuple[list[int], list[int], list[int]]]: ...
 
 class LookupParams:
     def __init__(self) -> None: ...
@@ -341,6 +422,30 @@ class LookupParams:
 
     @ngram_min.setter
     def ngram_min(self, arg: int, /) -> None: ...
+
+    @property
+    def stop_tokens(self) -> list[int]: ...
+
+    @stop_tokens.setter
+    def stop_tokens(self, arg: Sequence[int], /) -> None: ...
+
+    @property
+    def blank_line_tokens(self) -> list[int]: ...
+
+    @blank_line_tokens.setter
+    def blank_line_tokens(self, arg: Sequence[int], /) -> None: ...
+
+    @property
+    def unit_start_tokens(self) -> list[int]: ...
+
+    @unit_start_tokens.setter
+    def unit_start_tokens(self, arg: Sequence[int], /) -> None: ...
+
+    @property
+    def unit_ends(self) -> bool: ...
+
+    @unit_ends.setter
+    def unit_ends(self, arg: bool, /) -> None: ...
 
 class GenerateParams:
     def __init__(self) -> None: ...
@@ -580,6 +685,12 @@ class GenerateResult:
 
     def since(self, first: int = 0) -> tuple: ...
 
+    @property
+    def step_ms(self) -> list[float]: ...
+
+    @property
+    def step_sizes(self) -> list[int]: ...
+
     def take_logits(self, n_vocab: int) -> NDArray[numpy.float32]:
         """Moves the return_logits rows out as a numpy array [n_tokens, n_vocab]."""
 
@@ -645,6 +756,13 @@ class Engine:
 
     def is_eog(self, arg: int, /) -> bool: ...
 
+    def control_tokens(self) -> list[int]: ...
+
+    def layout_tokens(self) -> tuple[list[int], list[int]]:
+        """
+        (blank_line_tokens, unit_start_tokens) of the target's vocabulary (LookupParams).
+        """
+
     @property
     def n_vocab(self) -> int: ...
 
@@ -686,6 +804,21 @@ class Engine:
     @property
     def head_path(self) -> str: ...
 
+    def load_ngram(self, path: str) -> NgramTable: ...
+
+    def swap_ngram(self, table: NgramTable) -> None: ...
+
+    def remove_ngram(self) -> None: ...
+
+    @property
+    def ngram_path(self) -> str: ...
+
+    @property
+    def ngram_size(self) -> int: ...
+
+    @property
+    def vocab_fingerprint(self) -> str: ...
+
     @property
     def closed(self) -> bool: ...
 
@@ -701,7 +834,7 @@ class Engine:
 
     def measure_cost(self, use_draft: bool, draft_name: str = '', sizes: Sequence[int] = [], repeats: int = 3, progress: object | None = None, context: int = 128) -> CostCurve:
         """
-        Times decodes of k tokens on this machine and installs the cost curve (method 'auto').
+        Times decodes of k tokens on top of `context` cached tokens and installs the cost curve (method 'auto').
         """
 
     def set_cost(self, use_draft: bool, curve: CostCurve, draft_name: str = '') -> None: ...
@@ -711,6 +844,11 @@ class Engine:
     def kv_state(self, use_draft: bool = False, draft_name: str = '') -> tuple[list[int], list[int]]:
         """
         (tokens the prefix cache holds in sequence 0, llama.cpp's highest position per sequence or -1)
+        """
+
+    def cost_model(self) -> CostModel:
+        """
+        A copy of the target's cost model: its calibration prior and the corrections learnt from the steps decoded so far.
         """
 
     def system_info(self) -> str: ...

@@ -279,6 +279,7 @@ def test_kind_names() -> None:
     assert _core.kind_name(_core.kind_pool(10)) == "pool m9"
     assert _core.kind_name(_core.kind_model(0.75)) == "model p0.7"
     assert _core.kind_name(_core.kind_lookup_contested()) == "contested"
+    assert _core.kind_name(_core.kind_lookup_boundary(30)) == "lookup-boundary m25"
     assert _core.kind_name(0) == "unknown" and _core.kind_name(300) == "unknown"
 
 
@@ -359,6 +360,52 @@ def test_replay_stops_before_a_contested_node() -> None:
     assert uncontested[0] == 8
     assert contested[0] == 3
     assert _core.kind_lookup_contested() not in {_core.kind_lookup(n) for n in range(1, 66)}
+
+
+def test_replay_learns_where_copies_of_units_end() -> None:
+    # Each request's prompt holds two units of a source, 100 tokens each, with a blank line (50)
+    # between them before a token at the left margin (60): the end of a unit. The answers copy
+    # the first unit and then turn away (as an answer that rewrites one function of a long file
+    # closes its code block). Without the boundary kinds the long copy's drafts run on into the
+    # second unit at the long-copy acceptance, and the failures only teach the statistics that
+    # long copies fail somewhere; with them the end of a unit has statistics of its own, which
+    # learn that the answers turn away there, and later copies stop exactly at it.
+    def stream(boundaries: bool) -> list[tuple[list[int], list[int]]]:
+        params = pyspec.GenerationConfig(method="auto").to_core()
+        params.pool.enabled = False
+        params.scheduler.adapt_costs = False
+        if boundaries:
+            params.lookup.blank_line_tokens, params.lookup.unit_start_tokens = [50], [60]
+        requests = []
+        for r in range(8):
+            first = list(range(1000 + 300 * r, 1100 + 300 * r))
+            second = list(range(1100 + 300 * r, 1200 + 300 * r))
+            requests.append(([5, *first, 50, 60, *second, 6, 7], first + list(range(300, 310))))
+        out = _core.replay_auto(requests, CPU_CURVE._core(), params.lookup, params.pool, params.scheduler)
+        return [(list(sizes), list(accepted)) for sizes, accepted, _ in out]
+
+    def wasted(sizes: list[int], accepted: list[int]) -> int:  # drafted and rejected
+        return sum(s - 1 - a for s, a in zip(sizes, accepted))
+
+    with_ends, without = stream(True), stream(False)
+    for (sizes, accepted), (sizes_without, accepted_without) in zip(with_ends[4:], without[4:]):
+        assert wasted(sizes, accepted) == 0 and wasted(sizes_without, accepted_without) >= 5
+        assert sum(accepted) >= sum(accepted_without)
+        drafted = sum(s > 1 for s in sizes)
+        assert drafted < sum(s > 1 for s in sizes_without), (sizes, sizes_without)
+
+
+def test_unit_end_tokens_of_a_vocabulary(engine: pyspec.Engine) -> None:
+    # What the engine gives the copies (LookupParams), against each token's piece read here.
+    blank_line, unit_start = engine._core.layout_tokens()
+    control = set(engine._core.control_tokens())
+    pieces = {t: engine.detokenize_bytes([t]) for t in range(engine._core.n_vocab) if t not in control}
+    assert list(blank_line) == sorted(t for t, p in pieces.items() if b"\n\n" in p)
+    assert list(unit_start) == sorted(t for t, p in pieces.items() if p and p[:1] not in b" \t\n\r")
+    assert len(unit_start) > 100  # the tiny vocabulary has no blank-line token: the rule for it is above
+    # The switch that turns them off for a request reaches the lookup parameters.
+    assert pyspec.GenerationConfig(lookup_unit_ends=False).to_core().lookup.unit_ends is False
+    assert pyspec.GenerationConfig().to_core().lookup.unit_ends is True
 
 
 def test_calibration_at_a_context(engine: pyspec.Engine) -> None:

@@ -37,6 +37,8 @@ public:
           index_(size_t(params.ngram_max - params.ngram_min + 1)),
           previous_(size_t(params.ngram_max - params.ngram_min + 1)) {
         std::sort(params_.stop_tokens.begin(), params_.stop_tokens.end());
+        std::sort(params_.blank_line_tokens.begin(), params_.blank_line_tokens.end());
+        std::sort(params_.unit_start_tokens.begin(), params_.unit_start_tokens.end());
     }
 
     std::string name() const override { return "prompt-lookup"; }
@@ -72,7 +74,10 @@ public:
         const bool short_output_match = start > n_prompt_ && n_matched < kLongOutputMatch;
         out.kinds.resize(out.tokens.size());
         for (size_t i = 0; i < out.tokens.size(); ++i) {
-            out.kinds[i] = short_output_match ? kind_lookup_output(n_matched) : kind_lookup(n_matched + int32_t(i));
+            const int32_t n_run = n_matched + int32_t(i);
+            out.kinds[i] = short_output_match ? kind_lookup_output(n_matched)
+                           : ends_unit(start, out, i) ? kind_lookup_boundary(n_run)
+                                                      : kind_lookup(n_run);
         }
         mark_contested(match, out);
         if (stopped && !out.kinds.empty()) out.kinds.back() = kind_lookup_end();
@@ -148,6 +153,26 @@ private:
             if (std::equal(tokens_.end() - n, tokens_.end(), tokens_.begin() + (start - n))) return {start, n};
         }
         return {};
+    }
+
+    static bool contains(const std::vector<int32_t>& sorted, int32_t token) {
+        return std::binary_search(sorted.begin(), sorted.end(), token);
+    }
+
+    // Whether proposal node i (copied from position start + i) ends a blank line that the copied
+    // text follows with a token at the left margin: the end of a top-level unit of the source.
+    // The token after it is the source's, or the proposal's own next node past the sequence's end.
+    bool ends_unit(int32_t start, const Draft& out, size_t i) const {
+        if (!contains(params_.blank_line_tokens, out.tokens[i])) return false;
+        const int32_t next_pos = start + int32_t(i) + 1;
+        const int32_t n_tokens = int32_t(tokens_.size());
+        int32_t next = -1;
+        if (next_pos < n_tokens) {
+            next = tokens_[size_t(next_pos)];
+        } else if (i + 1 < out.tokens.size()) {
+            next = out.tokens[i + 1];
+        }
+        return next >= 0 && contains(params_.unit_start_tokens, next);
     }
 
     // How many tokens before the continuation agree with the end of the sequence: the n-gram the

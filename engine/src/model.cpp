@@ -413,6 +413,19 @@ std::vector<int32_t> Model::control_tokens() const {
     return out;
 }
 
+void Model::layout_tokens(std::vector<int32_t>* blank_line, std::vector<int32_t>* unit_start) const {
+    blank_line->clear();
+    unit_start->clear();
+    for (int32_t t = 0; t < n_vocab_; ++t) {
+        if (llama_vocab_is_control(vocab_, t) || llama_vocab_is_eog(vocab_, t)) continue;
+        const std::string piece = token_to_piece(t, false);
+        if (piece.empty()) continue;
+        if (piece.find("\n\n") != std::string::npos) blank_line->push_back(t);
+        const char c = piece[0];
+        if (c != ' ' && c != '\t' && c != '\n' && c != '\r') unit_start->push_back(t);
+    }
+}
+
 std::string Model::token_text(int32_t token) const {
     check_token(token);
     const char* text = llama_vocab_get_text(vocab_, token);

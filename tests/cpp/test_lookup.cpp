@@ -160,6 +160,42 @@ void test_counters() {
     CHECK(s.n_model_decodes == 0);
 }
 
+void test_unit_boundaries_have_their_own_kind() {
+    // 50 stands for a blank-line token, 60 and 61 for tokens at the left margin, 70 for an
+    // indented one. The source: 1 2 3 50 60 (a unit ends before 60) 4 50 70 (a blank line inside
+    // a unit) 5; the request repeats 1 2, so the copy runs 3 50 60 4 50 70 5.
+    spec::LookupParams params;
+    params.ngram_max = 3;
+    params.blank_line_tokens = {50};
+    params.unit_start_tokens = {61, 60};  // any order
+    auto drafter = spec::make_prompt_lookup_drafter(params);
+    const Tokens seq = {1, 2, 3, 50, 60, 4, 50, 70, 5, 9, 1, 2};
+    drafter->begin(seq);
+    spec::SamplingParams sampling;
+    spec::Rng rng(0);
+    spec::DraftRequest request{&seq, 7, &sampling, &rng};
+    spec::Draft out;
+    drafter->draft(request, out);
+    CHECK((out.tokens == Tokens{3, 50, 60, 4, 50, 70, 5}));
+    CHECK(out.kinds.size() == 7);
+    CHECK(out.kinds[1] == spec::kind_lookup_boundary(3));  // 50 before 60: the end of a unit
+    CHECK(out.kinds[0] == spec::kind_lookup(2) && out.kinds[2] == spec::kind_lookup(4));
+    CHECK(out.kinds[4] == spec::kind_lookup(6));  // 50 before 70: a blank line inside a unit
+    // Past the sequence's end the proposal's own next node decides: the sequence ends in the
+    // blank-line token, and the copy of the period [50 61] proposes 61 after it.
+    const Tokens periodic = {50, 61, 50};
+    drafter->begin(periodic);
+    spec::DraftRequest periodic_request{&periodic, 3, &sampling, &rng};
+    drafter->draft(periodic_request, out);
+    CHECK((out.tokens == Tokens{61, 50, 61}));
+    CHECK(out.kinds[1] == spec::kind_lookup_boundary(2));
+    // Without the token lists (their default) no node gets a boundary kind.
+    auto plain = make_drafter(3, 1);
+    plain->begin(seq);
+    plain->draft(request, out);
+    for (const uint8_t kind : out.kinds) CHECK(kind != spec::kind_lookup_boundary(3) && kind != spec::kind_lookup_boundary(6));
+}
+
 void test_stop_tokens_end_the_continuation() {
     // 90 stands for a chat template's delimiter: [1 2] is followed by 3 4 and then the delimiter,
     // so the copy stops after 4, and 4 (the quote's last token) gets the end-of-quote kind.
@@ -275,6 +311,7 @@ int main() {
     test_begin_forgets_the_previous_request();
     test_counters();
     test_stop_tokens_end_the_continuation();
+    test_unit_boundaries_have_their_own_kind();
     test_short_matches_in_the_output_have_their_own_kind();
     test_contested_nodes();
     test_validation();

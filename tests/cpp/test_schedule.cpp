@@ -191,6 +191,23 @@ void test_contested_kind() {
     CHECK_NEAR(s.estimate(c, 0), (1 + 2 * 0.1) / 3.0, 1e-12);  // one cell for every depth
 }
 
+void test_boundary_kinds() {
+    // One kind per match bucket, apart from every other family, with an even prior and no depth.
+    const uint8_t b17 = kind_lookup_boundary(17), b20 = kind_lookup_boundary(20), b65 = kind_lookup_boundary(200);
+    CHECK(b17 == b20 && b17 != b65 && b65 < kNumKinds && kind_lookup_boundary(1) != b17);
+    for (const uint8_t other : {kind_lookup(17), kind_pool(17), kind_lookup_output(17), kind_lookup_end(),
+                                kind_lookup_contested(), kind_head(), kind_corpus(0.99)}) {
+        CHECK(b17 != other && b65 != other && kind_lookup_boundary(1) != other);
+    }
+    CHECK(!is_model_kind(b17) && !kind_has_depth(b17));
+    CHECK(kind_name(b17) == "lookup-boundary m17" && kind_name(kind_lookup_boundary(1)) == "lookup-boundary m1");
+    AcceptanceStats s;
+    CHECK_NEAR(s.estimate(b65, 0), 0.5, 1e-12);  // an even guess, far below a long copy's prior
+    CHECK(s.estimate(b65, 0) < s.estimate(kind_lookup(65), 0));
+    s.record(b65, 3, false);
+    CHECK_NEAR(s.estimate(b65, 0), (0 + 2 * 0.5) / 3.0, 1e-12);
+}
+
 void test_plan_draft_hand_computed() {
     // A chain of three unknown-kind nodes (estimate 0.5 each): P = 0.5, 0.25, 0.125.
     // Cost: 100 ms + 20 ms per extra token. Rates: none 1/100, one node 1.5/120 = 0.0125,
@@ -341,6 +358,7 @@ int main() {
     test_acceptance_stats();
     test_record_outcome();
     test_proposal_scorer();
+    test_boundary_kinds();
     test_contested_kind();
     test_plan_draft_hand_computed();
     test_plan_draft_siblings_share_mass();

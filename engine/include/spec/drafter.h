@@ -150,6 +150,14 @@ struct LookupParams {
     // delimiters end the text a copy can follow, so a copy of a quoted prompt (the code a user
     // pasted) is never drafted past the end of the quote into the template's markup.
     std::vector<int32_t> stop_tokens;
+    // Tokens that end a blank line (their text holds "\n\n") and tokens that start at a left
+    // margin (text not starting with whitespace): a node of the first kind that the copied text
+    // follows with one of the second ends a top-level unit of the source, and gets the kind
+    // kind_lookup_boundary (spec/schedule.h). The engine fills both from the target's vocabulary
+    // (Model::layout_tokens) when unit_ends is set; empty: no boundary kinds.
+    std::vector<int32_t> blank_line_tokens;
+    std::vector<int32_t> unit_start_tokens;
+    bool unit_ends = true;
 };
 constexpr int32_t kLookupNgramLimit = 16;
 

@@ -88,6 +88,10 @@ public:
     // Every control or end-of-generation token of the vocabulary (chat-template delimiters,
     // end of text), increasing.
     std::vector<int32_t> control_tokens() const;
+    // The tokens whose text holds a blank line ("\n\n") and those whose text starts with a
+    // character other than whitespace (LookupParams::blank_line_tokens / unit_start_tokens),
+    // each increasing; control tokens are in neither.
+    void layout_tokens(std::vector<int32_t>* blank_line, std::vector<int32_t>* unit_start) const;
     std::string token_text(int32_t token) const;  // the vocabulary entry as stored in the GGUF
 
     // Formats a conversation with the model's built-in chat template (llama_chat_apply_template).

@@ -89,15 +89,23 @@ constexpr double kHeadPrior = 0.8;
 // depth: each node's confidence is already its own given the nodes above it. 62..69.
 uint8_t kind_corpus(double confidence);
 constexpr double kCorpusMinConfidence = 0.3;  // the corpus drafter proposes no node below this
+// A prompt-lookup node whose token ends a blank line where the copied text goes on at its left
+// margin (LookupParams::blank_line_tokens followed by one of unit_start_tokens): the end of a
+// top-level unit of the source, a function or a paragraph. An answer that rewrites one function
+// of a long file copies it to that point and then turns away (closes its code block), while one
+// that rewrites a whole short file copies on: the same long match either way, so these nodes get
+// kinds of their own, keyed by the effective match length like kind_lookup, and the statistics
+// learn which the stream is. 70..85.
+uint8_t kind_lookup_boundary(int32_t match_len);
 bool is_model_kind(uint8_t kind);
 // A readable name of a node kind for reports: "lookup m4" (prompt lookup, match bucket from 4),
 // "pool m2", "lookup-output m3", "lookup-end", "contested", "model p0.7" (decile from 0.7),
-// "head", "corpus c0.9" (confidence bucket from 0.9), "unknown".
+// "head", "corpus c0.9" (confidence bucket from 0.9), "lookup-boundary m17", "unknown".
 std::string kind_name(uint8_t kind);
 // Whether a node's acceptance is also keyed by its depth (draft-model and unknown nodes);
 // context-match kinds carry their depth in the match length already.
 bool kind_has_depth(uint8_t kind);
-constexpr int32_t kNumKinds = 80;         // room for more drafters' kinds
+constexpr int32_t kNumKinds = 96;         // room for more drafters' kinds
 constexpr int32_t kKindDepths = 8;        // depths 0..6 apart, 7 and deeper together
 
 // Running acceptance statistics per (kind, depth): a Beta-like estimate with a prior mean per
