@@ -557,7 +557,9 @@ std::unique_ptr<Drafter> Engine::make_drafter(const GenerateParams& params) {
             std::lock_guard<std::mutex> lock(drafts_mutex_);
             resources.draft_cost = &drafts_.at(params.draft).cost;
         }
-        resources.acceptance = &acceptance_[params.draft];
+        // Without unit ends (LookupParams::unit_ends) a unit end is an ordinary copy node: the
+        // kinds mean other things, so requests that assign them each way learn apart.
+        resources.acceptance = &acceptance_[params.lookup.unit_ends ? params.draft : params.draft + "\n(no unit ends)"];
     }
     if (method_uses_head(method, params, head_ != nullptr)) {
         if (!head_) {
