@@ -36,9 +36,11 @@ public:
         : params_(params),
           index_(size_t(params.ngram_max - params.ngram_min + 1)),
           previous_(size_t(params.ngram_max - params.ngram_min + 1)) {
-        std::sort(params_.stop_tokens.begin(), params_.stop_tokens.end());
-        std::sort(params_.blank_line_tokens.begin(), params_.blank_line_tokens.end());
-        std::sort(params_.unit_start_tokens.begin(), params_.unit_start_tokens.end());
+        // The engine hands them sorted (most of a vocabulary starts at the left margin): sorted
+        // once per request only when they are not.
+        for (auto* tokens : {&params_.stop_tokens, &params_.blank_line_tokens, &params_.unit_start_tokens}) {
+            if (!std::is_sorted(tokens->begin(), tokens->end())) std::sort(tokens->begin(), tokens->end());
+        }
     }
 
     std::string name() const override { return "prompt-lookup"; }

@@ -36,6 +36,16 @@ Tokens draft(spec::Drafter& drafter, const Tokens& committed, int32_t n_draft_ma
     return out.tokens;
 }
 
+// The whole proposal (tokens and node kinds) for `committed`, from a drafter that has begun it.
+spec::Draft draft_with_kinds(spec::Drafter& drafter, const Tokens& committed, int32_t n_draft_max) {
+    spec::SamplingParams sampling;
+    spec::Rng rng(0);
+    spec::DraftRequest request{&committed, n_draft_max, &sampling, &rng};
+    spec::Draft out;
+    drafter.draft(request, out);
+    return out;
+}
+
 // The proposal for `committed` from a fresh drafter whose request starts with `committed`.
 Tokens lookup(const Tokens& committed, int32_t n_draft_max, int32_t ngram_max = 3, int32_t ngram_min = 1) {
     auto drafter = make_drafter(ngram_max, ngram_min);
@@ -171,11 +181,7 @@ void test_unit_boundaries_have_their_own_kind() {
     auto drafter = spec::make_prompt_lookup_drafter(params);
     const Tokens seq = {1, 2, 3, 50, 60, 4, 50, 70, 5, 9, 1, 2};
     drafter->begin(seq);
-    spec::SamplingParams sampling;
-    spec::Rng rng(0);
-    spec::DraftRequest request{&seq, 7, &sampling, &rng};
-    spec::Draft out;
-    drafter->draft(request, out);
+    spec::Draft out = draft_with_kinds(*drafter, seq, 7);
     CHECK((out.tokens == Tokens{3, 50, 60, 4, 50, 70, 5}));
     CHECK(out.kinds.size() == 7);
     CHECK(out.kinds[1] == spec::kind_lookup_boundary(3));  // 50 before 60: the end of a unit
@@ -185,15 +191,15 @@ void test_unit_boundaries_have_their_own_kind() {
     // blank-line token, and the copy of the period [50 61] proposes 61 after it.
     const Tokens periodic = {50, 61, 50};
     drafter->begin(periodic);
-    spec::DraftRequest periodic_request{&periodic, 3, &sampling, &rng};
-    drafter->draft(periodic_request, out);
+    out = draft_with_kinds(*drafter, periodic, 3);
     CHECK((out.tokens == Tokens{61, 50, 61}));
     CHECK(out.kinds[1] == spec::kind_lookup_boundary(2));
-    // Without the token lists (their default) no node gets a boundary kind.
+    // Without the token lists (their default) every node keeps its match kind.
     auto plain = make_drafter(3, 1);
     plain->begin(seq);
-    plain->draft(request, out);
-    for (const uint8_t kind : out.kinds) CHECK(kind != spec::kind_lookup_boundary(3) && kind != spec::kind_lookup_boundary(6));
+    out = draft_with_kinds(*plain, seq, 7);
+    CHECK(out.kinds.size() == 7);
+    for (size_t i = 0; i < out.kinds.size(); ++i) CHECK(out.kinds[i] == spec::kind_lookup(2 + int32_t(i)));
 }
 
 void test_stop_tokens_end_the_continuation() {
