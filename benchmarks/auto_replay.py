@@ -110,6 +110,8 @@ def main() -> int:
                     help="copies run on through the target's control tokens (auto before they stopped there)")
     ap.add_argument("--no-boundaries", action="store_true",
                     help="no kinds of their own for copy nodes that end a top-level unit (auto before it had them)")
+    ap.add_argument("--no-substitutions", action="store_true",
+                    help="copies do not learn the output's replacements (auto before they did)")
     ap.add_argument("--actual-curve", type=Path,
                     help="charge the steps this curve's times (a `benchmarks/context_cost.py --json` file "
                          "and --actual-context, e.g. the target at a long context) while auto plans from "
@@ -136,7 +138,7 @@ def main() -> int:
     if args.actual_curve:
         measured = json.loads(args.actual_curve.read_text(encoding="utf-8"))[args.actual_context]
         actual = calibration.CostCurve(tuple(measured["n_tokens"]), tuple(measured["ms"]))
-    params = GenerationConfig(method="auto").to_core()
+    params = GenerationConfig(method="auto", lookup_substitutions=not args.no_substitutions).to_core()
     params.lookup.stop_tokens = [] if args.no_stop_tokens else engine._core.control_tokens()  # as the engine
     if not args.no_boundaries:
         params.lookup.blank_line_tokens, params.lookup.unit_start_tokens = engine._core.layout_tokens()

@@ -31,7 +31,7 @@ DEFAULT_N_DRAFT = {"chain": 4, "lookup": 8, "ouroboros": 4}
 
 _INT32_RANGE = (-(2**31), 2**31 - 1)
 _UINT64_RANGE = (0, 2**64 - 1)
-_BOOL_FIELDS = {"auto_draft_model", "auto_head", "auto_corpus", "auto_adapt_costs", "lookup_unit_ends", "pool", "harvest_prompt", "harvest_generated", "harvest_verification",
+_BOOL_FIELDS = {"auto_draft_model", "auto_head", "auto_corpus", "auto_adapt_costs", "lookup_unit_ends", "lookup_substitutions", "pool", "harvest_prompt", "harvest_generated", "harvest_verification",
                 "return_logits"}
 _FLOAT_FIELDS = {"temperature", "top_p", "min_p", "typical_epsilon", "typical_delta"}
 _STR_FIELDS = {"draft", "acceptance"}
@@ -112,7 +112,9 @@ class GenerationConfig:
     pool adds up to pool_branches phrases as extra branches, max(n_draft, pool_max_nodes) nodes
     in all; with lookup_unit_ends, a copied blank line before text at the left margin, the end of
     a function or paragraph of the source, is a node kind of its own, so auto learns whether the
-    answers go on copying there or turn away),
+    answers go on copying there or turn away; with lookup_substitutions, where a long copy broke
+    and the output went on copying after a replacement of its own (a renamed identifier), later
+    copies of the same source tokens propose the replacement),
     "ouroboros" (draft model drafts n_draft tokens phrase by phrase, checking pool phrases in its
     own decodes, then pool_branches pool phrases lengthen the draft). None means "auto".
     draft: which of the engine's draft models drafts ("" the default one, or the name of a
@@ -156,6 +158,7 @@ class GenerationConfig:
     lookup_ngram_max: int = 16
     lookup_ngram_min: int = 1
     lookup_unit_ends: bool = True
+    lookup_substitutions: bool = True
     tree_nodes: int = 8
     tree_depth: int = 6
     tree_branching: int = 4
@@ -217,6 +220,7 @@ class GenerationConfig:
         p.lookup.ngram_max = int(self.lookup_ngram_max)
         p.lookup.ngram_min = int(self.lookup_ngram_min)
         p.lookup.unit_ends = bool(self.lookup_unit_ends)
+        p.lookup.substitutions = bool(self.lookup_substitutions)
         p.tree.n_nodes = int(self.tree_nodes)
         p.tree.depth = int(self.tree_depth)
         p.tree.branching = int(self.tree_branching)

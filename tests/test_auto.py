@@ -280,6 +280,7 @@ def test_kind_names() -> None:
     assert _core.kind_name(_core.kind_model(0.75)) == "model p0.7"
     assert _core.kind_name(_core.kind_lookup_contested()) == "contested"
     assert _core.kind_name(_core.kind_lookup_boundary(30)) == "lookup-boundary m25"
+    assert _core.kind_name(_core.kind_lookup_substituted()) == "lookup-substituted"
     assert _core.kind_name(0) == "unknown" and _core.kind_name(300) == "unknown"
 
 
@@ -393,6 +394,41 @@ def test_replay_learns_where_copies_of_units_end() -> None:
         assert sum(accepted) >= sum(accepted_without)
         drafted = sum(s > 1 for s in sizes)
         assert drafted < sum(s > 1 for s in sizes_without), (sizes, sizes_without)
+
+
+def test_replay_learns_a_renamed_identifier() -> None:
+    # The prompt quotes a 120-token function that uses an identifier (777) ten times, each after
+    # the same token (42, say "("); the answer copies it with the identifier renamed (888 889: a
+    # longer name, two tokens) everywhere, as an answer to "rename this variable" does. Without
+    # substitutions every later use breaks a long copy's draft at the old name; with them the
+    # first break teaches the rename, and later copies propose the new name and go on through it.
+    quote, renamed = [], []
+    for i in range(10):
+        run = [*range(1000 + 20 * i, 1010 + 20 * i), 42]
+        quote += [*run, 777]
+        renamed += [*run, 888, 889]
+    prompt = [5, *quote, 6, 7]
+
+    def replay(substitutions: bool) -> tuple[list[int], list[int]]:
+        params = pyspec.GenerationConfig(method="auto", lookup_substitutions=substitutions).to_core()
+        params.pool.enabled = False
+        ((sizes, accepted, kinds),) = _core.replay_auto([(prompt, renamed)], CPU_CURVE._core(), params.lookup,
+                                                        params.pool, params.scheduler)
+        assert sum(a + 1 for a in accepted) == len(renamed)
+        return list(sizes), list(accepted)
+
+    sizes, accepted = replay(True)
+    sizes_without, accepted_without = replay(False)
+    # Without them the copy restarts from a short match after every use and goes by in steps of
+    # a few tokens; with them the later uses go by inside long drafts.
+    assert len(sizes) < 0.6 * len(sizes_without), (sizes, sizes_without)
+    assert max(accepted) > 30 and max(accepted_without) < 10, (accepted, accepted_without)
+    # Modelled time on the CPU curve: the substitutions make the answer faster.
+    cost = lambda ss: sum(CPU_CURVE.at(s) for s in ss)  # noqa: E731
+    assert cost(sizes) < 0.8 * cost(sizes_without), (cost(sizes), cost(sizes_without))
+    # The switch reaches the lookup parameters; on by default.
+    assert pyspec.GenerationConfig(lookup_substitutions=False).to_core().lookup.substitutions is False
+    assert pyspec.GenerationConfig().to_core().lookup.substitutions is True
 
 
 def test_unit_end_tokens_of_a_vocabulary(engine: pyspec.Engine) -> None:

@@ -557,9 +557,13 @@ std::unique_ptr<Drafter> Engine::make_drafter(const GenerateParams& params) {
             std::lock_guard<std::mutex> lock(drafts_mutex_);
             resources.draft_cost = &drafts_.at(params.draft).cost;
         }
-        // Without unit ends (LookupParams::unit_ends) a unit end is an ordinary copy node: the
-        // kinds mean other things, so requests that assign them each way learn apart.
-        resources.acceptance = &acceptance_[params.lookup.unit_ends ? params.draft : params.draft + "\n(no unit ends)"];
+        // Without unit ends (LookupParams::unit_ends) a unit end is an ordinary copy node, and
+        // without substitutions a repeated replacement is a failing one: the kinds mean other
+        // things, so requests that assign them each way learn apart.
+        std::string acceptance_key = params.draft;
+        if (!params.lookup.unit_ends) acceptance_key += "\n(no unit ends)";
+        if (!params.lookup.substitutions) acceptance_key += "\n(no substitutions)";
+        resources.acceptance = &acceptance_[acceptance_key];
     }
     if (method_uses_head(method, params, head_ != nullptr)) {
         if (!head_) {

@@ -21,6 +21,9 @@ constexpr uint64_t kHashSeed = 0x2545f4914f6cdd1dULL;
 // costs a bounded walk.
 constexpr int32_t kMaxRivals = 32;
 
+// Breaks waiting for the output to copy again (LookupParams::substitutions), the latest kept.
+constexpr size_t kMaxPendingBreaks = 4;
+
 // splitmix64's finaliser over (h ^ token): n-gram hashes are built from the last token
 // backwards, so one pass gives the hashes of every length ending at one position.
 uint64_t hash_step(uint64_t h, int32_t token) {
@@ -56,34 +59,83 @@ public:
         out.clear();  // deterministic proposal (no probs): verification treats q as one-hot
         ++stats_.n_draft_calls;
         extend(*request.tokens);
-        const Match match = find_continuation();
-        if (match.start < 0) return;
-        const int32_t start = match.start;
+        // Where the last proposal ran through a substitution and the output followed it, the copy
+        // goes on from there: the sequence's suffix no longer matches the source across the
+        // replacement, so the longest match would lose the copy.
+        CopyState copy = params_.substitutions ? learn_and_resume() : CopyState{};
+        const bool resumed = copy.pos >= 0;
+        Match match;
+        int32_t n_matched = copy.run;
+        if (!resumed) {
+            match = find_continuation();
+            if (match.start < 0) return;
+            n_matched = matched_length(match);
+            copy = {match.start, -1, 0, n_matched};
+        }
+        const int32_t start = copy.pos;
         // Past the end of the sequence the continuation reads the tokens proposed so far, as if
         // they were committed: a pattern of period n_tokens - start repeats.
         const int32_t n_tokens = int32_t(tokens_.size());
+        node_src_.clear();
+        node_sub_.clear();
+        node_next_.clear();
         bool stopped = false;
-        for (int32_t i = 0; i < request.n_draft_max; ++i) {
-            const int32_t pos = start + i;
-            const int32_t token = pos < n_tokens ? tokens_[size_t(pos)] : out.tokens[size_t(pos - n_tokens)];
+        while (int32_t(out.tokens.size()) < request.n_draft_max) {
+            if (copy.sub < 0 && !subs_.empty() && copy.pos < n_tokens) {
+                copy.sub = substitution_at(copy.pos, n_tokens);
+                copy.offset = 0;
+            }
+            int32_t token = 0, src = -1;
+            const int32_t sub = copy.sub;
+            if (sub >= 0) {  // the replacement's next token; past its end the copy skips the old stretch
+                const Substitution& s = subs_[size_t(sub)];
+                if (copy.offset >= int32_t(s.new_tokens.size())) {  // relearnt shorter since this state
+                    copy.pos += int32_t(s.old_tokens.size());
+                    copy.sub = -1;
+                    copy.offset = 0;
+                    continue;
+                }
+                token = s.new_tokens[size_t(copy.offset)];
+                if (++copy.offset >= int32_t(s.new_tokens.size())) {
+                    copy.pos += int32_t(s.old_tokens.size());
+                    copy.sub = -1;
+                    copy.offset = 0;
+                }
+            } else {
+                const int32_t pos = copy.pos;
+                if (pos >= n_tokens && pos - n_tokens >= int32_t(out.tokens.size())) break;
+                token = pos < n_tokens ? tokens_[size_t(pos)] : out.tokens[size_t(pos - n_tokens)];
+                src = pos;
+                ++copy.pos;
+            }
             stopped = std::binary_search(params_.stop_tokens.begin(), params_.stop_tokens.end(), token);
             if (stopped) break;
             out.tokens.push_back(token);
+            node_src_.push_back(src);
+            node_sub_.push_back(sub);
+            node_next_.push_back(copy);
         }
         // Node i continues a match of match.n + i tokens (spec/schedule.h, node kinds), except
         // the last one before a stop token; a short match inside the output is its own kind.
-        const int32_t n_matched = matched_length(match);
-        const bool short_output_match = start > n_prompt_ && n_matched < kLongOutputMatch;
+        const bool short_output_match = !resumed && start > n_prompt_ && n_matched < kLongOutputMatch;
         out.kinds.resize(out.tokens.size());
+        size_t first_substituted = out.tokens.size();
         for (size_t i = 0; i < out.tokens.size(); ++i) {
             const int32_t n_run = n_matched + int32_t(i);
-            out.kinds[i] = short_output_match ? kind_lookup_output(n_matched)
-                           : ends_unit(start, out, i) ? kind_lookup_boundary(n_run)
-                                                      : kind_lookup(n_run);
+            if (node_sub_[i] >= 0) {
+                out.kinds[i] = kind_lookup_substituted();
+                first_substituted = std::min(first_substituted, i);
+            } else {
+                out.kinds[i] = short_output_match ? kind_lookup_output(n_matched)
+                               : ends_unit(out, i)  ? kind_lookup_boundary(n_run)
+                                                    : kind_lookup(n_run);
+            }
         }
-        mark_contested(match, out);
+        // A resumed copy has no key of its own to compare with other occurrences.
+        if (!resumed) mark_contested(match, out, first_substituted);
         if (stopped && !out.kinds.empty()) out.kinds.back() = kind_lookup_end();
         stats_.n_proposed += int64_t(out.tokens.size());
+        if (params_.substitutions) remember(out, n_tokens, n_matched);
     }
 
     void accept(const std::vector<int32_t>& committed, int32_t n_accepted) override {
@@ -99,6 +151,9 @@ private:
         n_indexed_ = 0;
         for (auto& by_hash : index_) by_hash.clear();
         for (auto& prev : previous_) prev.clear();
+        subs_.clear();
+        breaks_.clear();
+        expected_.clear();
     }
 
     // Appends the committed tokens not seen yet and indexes every n-gram that now has a
@@ -161,12 +216,13 @@ private:
         return std::binary_search(sorted.begin(), sorted.end(), token);
     }
 
-    // Whether proposal node i (copied from position start + i) ends a blank line that the copied
-    // text follows with a token at the left margin: the end of a top-level unit of the source.
-    // The token after it is the source's, or the proposal's own next node past the sequence's end.
-    bool ends_unit(int32_t start, const Draft& out, size_t i) const {
+    // Whether proposal node i (copied from source position node_src_[i]) ends a blank line that the
+    // copied text follows with a token at the left margin: the end of a top-level unit of the
+    // source. The token after it is the source's, or the proposal's own next node past the
+    // sequence's end.
+    bool ends_unit(const Draft& out, size_t i) const {
         if (!contains(params_.blank_line_tokens, out.tokens[i])) return false;
-        const int32_t next_pos = start + int32_t(i) + 1;
+        const int32_t next_pos = node_src_[i] + 1;
         const int32_t n_tokens = int32_t(tokens_.size());
         int32_t next = -1;
         if (next_pos < n_tokens) {
@@ -193,8 +249,10 @@ private:
     // copy follows the most recent occurrence of its key; every other occurrence whose
     // continuation has agreed with the draft so far is a rival, and a node where a rival went on
     // differently is a guess between them (a module of similar functions repeats short keys with
-    // different continuations). Rivals are followed only through committed tokens.
-    void mark_contested(const Match& match, Draft& out) const {
+    // different continuations). Rivals are followed only through committed tokens, and only up to
+    // node `limit` (the first substituted node: past it the proposal no longer lines up with the
+    // source).
+    void mark_contested(const Match& match, Draft& out, size_t limit) const {
         const int32_t n_tokens = int32_t(tokens_.size());
         const std::vector<int32_t>& prev = previous_[size_t(match.n - params_.ngram_min)];
         rivals_.clear();
@@ -203,7 +261,7 @@ private:
             // Same hash; only a real occurrence of the key counts.
             if (std::equal(tokens_.end() - match.n, tokens_.end(), tokens_.begin() + (r - match.n))) rivals_.push_back(r);
         }
-        for (size_t i = 0; i < out.tokens.size() && !rivals_.empty(); ++i) {
+        for (size_t i = 0; i < limit && !rivals_.empty(); ++i) {
             bool contested = false;
             size_t n_alive = 0;
             for (const int32_t r : rivals_) {
@@ -220,6 +278,142 @@ private:
         }
     }
 
+    // ---- substitutions (LookupParams::substitutions) ----
+
+    struct Substitution {
+        int32_t before = -1;              // the source's token before the stretch
+        std::vector<int32_t> old_tokens;  // the source's stretch
+        std::vector<int32_t> new_tokens;  // what the output wrote instead
+        bool alive = true;
+    };
+
+    // Where a copy goes on: source position pos, or first the rest of substitution `sub` from
+    // its token `offset` (then pos is the start of the stretch it replaces). run: the match
+    // length the copy counts from. pos -1: no copy.
+    struct CopyState {
+        int32_t pos = -1;
+        int32_t sub = -1;
+        int32_t offset = 0;
+        int32_t run = 0;
+    };
+
+    // A long copy broke: the output's token at `out` was not the source's at `src`.
+    struct Break {
+        int32_t src;
+        int32_t out;
+    };
+
+    // The substitution whose old stretch starts at source position pos after the same token as
+    // where it was learnt (the longest), or -1. The token before keeps a replacement to the
+    // context it was seen in: an answer that renames a variable keeps the same word in its prose.
+    int32_t substitution_at(int32_t pos, int32_t n_tokens) const {
+        int32_t best = -1;
+        size_t best_len = 0;
+        if (pos < 1) return best;
+        for (size_t i = 0; i < subs_.size(); ++i) {
+            const Substitution& s = subs_[i];
+            const size_t len = s.old_tokens.size();
+            if (!s.alive || len <= best_len || size_t(pos) + len > size_t(n_tokens)) continue;
+            if (tokens_[size_t(pos - 1)] != s.before) continue;
+            if (std::equal(s.old_tokens.begin(), s.old_tokens.end(), tokens_.begin() + pos)) {
+                best = int32_t(i);
+                best_len = len;
+            }
+        }
+        return best;
+    }
+
+    // The proposal just made, to compare with what gets committed (learn_and_resume).
+    void remember(const Draft& out, int32_t n_tokens, int32_t n_matched) {
+        expected_ = out.tokens;
+        expected_at_ = n_tokens;
+        expected_src_ = node_src_;
+        expected_sub_ = node_sub_;
+        expected_next_ = node_next_;
+        expected_run_ = n_matched;
+    }
+
+    // Compares the tokens committed since the last proposal with it: a substituted node the
+    // output did not follow forgets its substitution; a long copy's node it did not follow is a
+    // break, settled into a substitution once the output copies again (settle). When the output
+    // followed the whole proposal so far and that ran through a substitution, the copy state to
+    // resume from; else pos -1.
+    CopyState learn_and_resume() {
+        CopyState resume;
+        const int32_t n_tokens = int32_t(tokens_.size());
+        if (!expected_.empty() && expected_at_ <= n_tokens) {
+            const int32_t n_new = n_tokens - expected_at_;
+            const int32_t n_expected = int32_t(expected_.size());
+            int32_t k = 0;
+            while (k < n_new && k < n_expected && tokens_[size_t(expected_at_ + k)] == expected_[size_t(k)]) ++k;
+            if (k < n_new && k < n_expected) {
+                const int32_t sub = expected_sub_[size_t(k)];
+                const int32_t src = expected_src_[size_t(k)];
+                if (sub >= 0) {
+                    subs_[size_t(sub)].alive = false;
+                } else if (expected_run_ + k >= kSubstitutionMinMatch && src >= 0 && src < expected_at_) {
+                    breaks_.push_back({src, expected_at_ + k});
+                    if (breaks_.size() > kMaxPendingBreaks) breaks_.erase(breaks_.begin());
+                }
+            } else if (k == n_new && k > 0) {
+                const bool through_substitution =
+                    std::any_of(expected_sub_.begin(), expected_sub_.begin() + k, [](int32_t s) { return s >= 0; });
+                const CopyState& next = expected_next_[size_t(k - 1)];
+                if (through_substitution && (next.sub < 0 || subs_[size_t(next.sub)].alive)) {
+                    resume = next;
+                    resume.run = std::min(expected_run_ + k, kMaxMatchLen);
+                }
+            }
+        }
+        expected_.clear();
+        breaks_.erase(std::remove_if(breaks_.begin(), breaks_.end(), [&](const Break& b) { return settle(b, n_tokens); }),
+                      breaks_.end());
+        return resume;
+    }
+
+    // Looks for where the output copies the source again after break b: the fewest tokens of
+    // its own (j) and skipped source tokens (r) after which kSubstitutionResync tokens agree
+    // again; learns old = the r source tokens, new = the j output tokens. True when settled
+    // (learnt, or no such place within the limits), false while the output is too short to tell.
+    bool settle(const Break& b, int32_t n_tokens) {
+        for (int32_t total = 2; total <= kSubstitutionMaxOld + kSubstitutionMaxNew; ++total) {
+            for (int32_t j = std::max(1, total - kSubstitutionMaxOld); j <= std::min(kSubstitutionMaxNew, total - 1); ++j) {
+                const int32_t r = total - j;
+                if (b.out + j + kSubstitutionResync > n_tokens) return false;
+                if (b.src + r + kSubstitutionResync > b.out) continue;
+                if (std::equal(tokens_.begin() + (b.out + j), tokens_.begin() + (b.out + j + kSubstitutionResync),
+                               tokens_.begin() + (b.src + r))) {
+                    if (b.src >= 1) {
+                        learn(tokens_[size_t(b.src - 1)], {tokens_.begin() + b.src, tokens_.begin() + (b.src + r)},
+                              {tokens_.begin() + b.out, tokens_.begin() + (b.out + j)});
+                    }
+                    return true;
+                }
+            }
+        }
+        return true;
+    }
+
+    void learn(int32_t before, std::vector<int32_t> old_tokens, std::vector<int32_t> new_tokens) {
+        for (const int32_t t : new_tokens) {
+            if (contains(params_.stop_tokens, t)) return;
+        }
+        for (Substitution& s : subs_) {  // the same stretch replaced again: the latest replacement
+            if (s.alive && s.before == before && s.old_tokens == old_tokens) {
+                s.new_tokens = std::move(new_tokens);
+                return;
+            }
+        }
+        Substitution learnt{before, std::move(old_tokens), std::move(new_tokens), true};
+        for (Substitution& s : subs_) {  // a forgotten one's slot (proposals refer to slots)
+            if (!s.alive) {
+                s = std::move(learnt);
+                return;
+            }
+        }
+        if (int32_t(subs_.size()) < kMaxSubstitutions) subs_.push_back(std::move(learnt));
+    }
+
     LookupParams params_;
     std::vector<int32_t> tokens_;  // [n_tokens] the committed sequence seen so far
     int32_t n_prompt_ = 0;         // tokens_[0, n_prompt_) is the request's prompt
@@ -231,6 +425,17 @@ private:
     // the previous occurrence of the n-gram before it (-1: none), a chain through all occurrences.
     std::vector<std::vector<int32_t>> previous_;
     mutable std::vector<int32_t> rivals_;  // mark_contested's scratch
+    // The proposal being built, per node: its source position (-1 for a substituted node), its
+    // substitution (-1 for a copied node), and the copy state after it.
+    std::vector<int32_t> node_src_, node_sub_;
+    std::vector<CopyState> node_next_;
+    std::vector<Substitution> subs_;  // learnt in this request (slots; forgotten ones not alive)
+    std::vector<Break> breaks_;       // not settled yet
+    // The last proposal (remember), from sequence position expected_at_.
+    std::vector<int32_t> expected_, expected_src_, expected_sub_;
+    std::vector<CopyState> expected_next_;
+    int32_t expected_at_ = 0;
+    int32_t expected_run_ = 0;  // the match length its first node continues
     DrafterStats stats_;
 };
 

@@ -97,6 +97,11 @@ static_assert(kFirstCorpus + kCorpusKinds <= kNumKinds, "node kinds must fit kNu
 constexpr int32_t kFirstBoundary = kFirstCorpus + kCorpusKinds;
 constexpr double kBoundaryPrior = 0.5;
 static_assert(kFirstBoundary + kMatchBuckets <= kNumKinds, "node kinds must fit kNumKinds");
+// Substituted nodes (kind_lookup_substituted): a replacement the request's output made once,
+// applied to a later copy. Their prior: a little better than even; the statistics decide.
+constexpr int32_t kLookupSubstituted = kFirstBoundary + kMatchBuckets;
+constexpr double kSubstitutedPrior = 0.6;
+static_assert(kLookupSubstituted < kNumKinds, "node kinds must fit kNumKinds");
 static_assert(kHead < kNumKinds, "node kinds must fit kNumKinds");
 
 bool is_corpus_kind(int32_t kind) { return kind >= kFirstCorpus && kind < kFirstCorpus + kCorpusKinds; }
@@ -113,6 +118,7 @@ double prior_mean(int32_t kind) {
     if (kind == kHead) return kHeadPrior;
     if (is_corpus_kind(kind)) return kCorpusPrior[kind - kFirstCorpus];
     if (is_boundary_kind(kind)) return kBoundaryPrior;
+    if (kind == kLookupSubstituted) return kSubstitutedPrior;
     if (kind >= kFirstLookup && kind < kFirstPool && kBucketStart[kind - kFirstLookup] >= kLongCopy) {
         const double m = kBucketStart[kind - kFirstLookup];
         return std::min(kLongCopyPriorMax, m * m / (m * m + 4.0));
@@ -147,6 +153,7 @@ uint8_t kind_lookup_output(int32_t root_match_len) {
 }
 uint8_t kind_head() { return uint8_t(kHead); }
 uint8_t kind_lookup_boundary(int32_t match_len) { return uint8_t(kFirstBoundary + match_bucket(match_len)); }
+uint8_t kind_lookup_substituted() { return uint8_t(kLookupSubstituted); }
 uint8_t kind_corpus(double confidence) {
     int32_t b = 0;
     while (b + 1 < kCorpusKinds && kCorpusBucketStart[b + 1] <= confidence) ++b;
@@ -163,6 +170,7 @@ std::string kind_name(uint8_t kind) {
     if (kind == kLookupContested) return "contested";
     if (kind == kHead) return "head";
     if (is_boundary_kind(kind)) return "lookup-boundary" + bucket(kind - kFirstBoundary);
+    if (kind == kLookupSubstituted) return "lookup-substituted";
     if (is_corpus_kind(kind)) {
         char buf[32];
         std::snprintf(buf, sizeof(buf), "corpus c%.2g", kCorpusBucketStart[kind - kFirstCorpus]);

@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "spec/drafter.h"
@@ -126,7 +127,11 @@ void test_incremental_index_matches_naive_scan() {
             if (ngram_min > ngram_max) continue;
             Tokens full(600);
             for (auto& t : full) t = int32_t(rng.next_u64() % 4);
-            auto drafter = make_drafter(ngram_max, ngram_min);
+            spec::LookupParams params;  // the specification is plain lookup, without substitutions
+            params.ngram_max = ngram_max;
+            params.ngram_min = ngram_min;
+            params.substitutions = false;
+            auto drafter = spec::make_prompt_lookup_drafter(params);
             Tokens committed(full.begin(), full.begin() + 20);
             drafter->begin(committed);
             int mismatches = 0, n_nonempty = 0;
@@ -296,6 +301,126 @@ void test_contested_nodes() {
     CHECK(out.kinds[0] == spec::kind_lookup(2) && out.kinds[1] == spec::kind_lookup(3));
 }
 
+// A source of three runs of eight tokens (seven distinct ones, then 90 or `before`), each followed
+// by the stretch `old`; the output copies it with `old` replaced by `replacement` everywhere.
+// Returns the source and the output.
+std::pair<Tokens, Tokens> renamed_copy(const Tokens& old, const Tokens& replacement, const Tokens& before = {90, 90, 90}) {
+    Tokens source = {50}, output;
+    for (int32_t run = 0; run < 3; ++run) {
+        for (int32_t i = 1; i <= 8; ++i) {
+            const int32_t token = i < 8 ? run * 8 + i : before[size_t(run)];
+            source.push_back(token);
+            output.push_back(token);
+        }
+        source.insert(source.end(), old.begin(), old.end());
+        output.insert(output.end(), replacement.begin(), replacement.end());
+    }
+    for (int32_t i = 25; i <= 28; ++i) {
+        source.push_back(i);
+        output.push_back(i);
+    }
+    source.push_back(51);
+    return {source, output};
+}
+
+void test_substitutions_follow_the_outputs_replacement() {
+    for (const auto& [old, replacement] : std::vector<std::pair<Tokens, Tokens>>{
+             {{100}, {200}}, {{100}, {200, 201}}, {{100, 101}, {200}}, {{100, 101}, {200, 201, 202}}}) {
+        const auto [source, output] = renamed_copy(old, replacement);
+        const int32_t n_new = int32_t(replacement.size());
+        auto drafter = spec::make_prompt_lookup_drafter(spec::LookupParams{});
+        drafter->begin(source);
+        Tokens committed = source;
+        // The output commits one token a step up to the second run: its first replacement breaks
+        // an 8-token copy, and three copied tokens after it settle the substitution.
+        for (int32_t t = 0; t < 8 + n_new + 8; ++t) {
+            const spec::Draft out = draft_with_kinds(*drafter, committed, 64);
+            if (t == 8) {  // the copy proposes the old stretch: nothing learnt yet
+                CHECK(!out.tokens.empty() && out.tokens[0] == old[0]);
+                CHECK(out.kinds[0] == spec::kind_lookup(8));
+            }
+            committed.push_back(output[size_t(t)]);
+        }
+        // The second run copied: the next copy proposes the replacement, then the source again.
+        spec::Draft out = draft_with_kinds(*drafter, committed, 64);
+        CHECK(out.tokens.size() >= size_t(n_new + 8));
+        CHECK(std::equal(replacement.begin(), replacement.end(), out.tokens.begin()));
+        for (int32_t i = 0; i < n_new; ++i) CHECK(out.kinds[size_t(i)] == spec::kind_lookup_substituted());
+        CHECK(out.tokens[size_t(n_new)] == 17 && out.kinds[size_t(n_new)] == spec::kind_lookup(8 + n_new));
+        // The proposal reads as the rest of the output: the third run's stretch is replaced too.
+        const size_t done = committed.size() - source.size();
+        CHECK(out.tokens.size() >= output.size() - done);
+        CHECK(std::equal(output.begin() + std::ptrdiff_t(done), output.end(), out.tokens.begin()));
+        // The output follows the replacement and two more tokens: the suffix no longer matches the
+        // source across the replacement, but the copy resumes where it was, its run counted on.
+        committed.insert(committed.end(), out.tokens.begin(), out.tokens.begin() + n_new + 2);
+        drafter->accept(committed, n_new + 1);
+        out = draft_with_kinds(*drafter, committed, 4);
+        CHECK((out.tokens == Tokens{19, 20, 21, 22}));
+        CHECK(out.kinds[0] == spec::kind_lookup(8 + n_new + 2));
+    }
+}
+
+void test_a_rejected_substitution_is_forgotten() {
+    // The output replaces the first stretch, then keeps the second: the substitution proposed
+    // there fails, and the third run's copy proposes the source's own stretch again.
+    const auto [source, renamed] = renamed_copy({100}, {200});
+    Tokens output = renamed;
+    output[17] = 100;  // the second run's stretch, kept
+    auto drafter = spec::make_prompt_lookup_drafter(spec::LookupParams{});
+    drafter->begin(source);
+    Tokens committed = source;
+    for (size_t t = 0; t < 17; ++t) {
+        draft_with_kinds(*drafter, committed, 64);
+        committed.push_back(output[t]);
+    }
+    spec::Draft out = draft_with_kinds(*drafter, committed, 64);
+    CHECK(!out.tokens.empty() && out.tokens[0] == 200 && out.kinds[0] == spec::kind_lookup_substituted());
+    committed.push_back(100);  // the target keeps the source's token
+    for (size_t t = 18; t < 26; ++t) {
+        draft_with_kinds(*drafter, committed, 64);
+        committed.push_back(output[t]);
+    }
+    out = draft_with_kinds(*drafter, committed, 64);
+    CHECK(!out.tokens.empty() && out.tokens[0] == 100 && out.kinds[0] != spec::kind_lookup_substituted());
+}
+
+void test_substitutions_keep_their_context() {
+    // The third run's stretch follows another token (91) than the one the substitution was learnt
+    // after (90): its copy proposes the source's own stretch.
+    const auto [source, renamed] = renamed_copy({100}, {200}, {90, 90, 91});
+    Tokens output = renamed;
+    output[26] = 100;  // the answer keeps it there too
+    auto drafter = spec::make_prompt_lookup_drafter(spec::LookupParams{});
+    drafter->begin(source);
+    Tokens committed = source;
+    for (size_t t = 0; t < 17; ++t) {
+        draft_with_kinds(*drafter, committed, 64);
+        committed.push_back(output[t]);
+    }
+    spec::Draft out = draft_with_kinds(*drafter, committed, 64);  // the second run: after 90
+    CHECK(!out.tokens.empty() && out.tokens[0] == 200 && out.kinds[0] == spec::kind_lookup_substituted());
+    // The proposal goes on into the third run and leaves its stretch, after 91, as it is.
+    CHECK(out.tokens.size() > 9 && out.tokens[8] == 91 && out.tokens[9] == 100);
+    CHECK(out.kinds[9] != spec::kind_lookup_substituted());
+}
+
+void test_substitutions_off() {
+    // LookupParams::substitutions false: the replacement is never learnt.
+    const auto [source, output] = renamed_copy({100}, {200});
+    spec::LookupParams params;
+    params.substitutions = false;
+    auto drafter = spec::make_prompt_lookup_drafter(params);
+    drafter->begin(source);
+    Tokens committed = source;
+    for (size_t t = 0; t < 17; ++t) {
+        draft_with_kinds(*drafter, committed, 64);
+        committed.push_back(output[t]);
+    }
+    const spec::Draft out = draft_with_kinds(*drafter, committed, 64);
+    CHECK(!out.tokens.empty() && out.tokens[0] == 100 && out.kinds[0] == spec::kind_lookup(8));
+}
+
 void test_validation() {
     CHECK(throws_invalid([] { make_drafter(3, 0); }, "ngram_min=0"));
     CHECK(throws_invalid([] { make_drafter(2, 3); }, "1 <= ngram_min <= ngram_max <= 16"));
@@ -320,6 +445,10 @@ int main() {
     test_unit_boundaries_have_their_own_kind();
     test_short_matches_in_the_output_have_their_own_kind();
     test_contested_nodes();
+    test_substitutions_follow_the_outputs_replacement();
+    test_a_rejected_substitution_is_forgotten();
+    test_substitutions_keep_their_context();
+    test_substitutions_off();
     test_validation();
     std::printf("%d checks, %d failed\n", g_checks, g_failures);
     return g_failures == 0 ? 0 : 1;

@@ -208,6 +208,22 @@ void test_boundary_kinds() {
     CHECK_NEAR(s.estimate(b65, 0), (0 + 2 * 0.5) / 3.0, 1e-12);
 }
 
+void test_substituted_kind() {
+    // One kind apart from every other, with its prior (0.6) and no depth.
+    const uint8_t sub = kind_lookup_substituted();
+    CHECK(sub < kNumKinds && !is_model_kind(sub) && !kind_has_depth(sub));
+    for (const uint8_t other : {kind_lookup(17), kind_pool(17), kind_lookup_output(17), kind_lookup_end(),
+                                kind_lookup_contested(), kind_head(), kind_corpus(0.99), kind_lookup_boundary(1),
+                                kind_lookup_boundary(200)}) {
+        CHECK(sub != other);
+    }
+    CHECK(kind_name(sub) == "lookup-substituted");
+    AcceptanceStats s;
+    CHECK_NEAR(s.estimate(sub, 0), 0.6, 1e-12);
+    s.record(sub, 4, true);
+    CHECK_NEAR(s.estimate(sub, 0), (1 + 2 * 0.6) / 3.0, 1e-12);
+}
+
 void test_plan_draft_hand_computed() {
     // A chain of three unknown-kind nodes (estimate 0.5 each): P = 0.5, 0.25, 0.125.
     // Cost: 100 ms + 20 ms per extra token. Rates: none 1/100, one node 1.5/120 = 0.0125,
@@ -359,6 +375,7 @@ int main() {
     test_record_outcome();
     test_proposal_scorer();
     test_boundary_kinds();
+    test_substituted_kind();
     test_contested_kind();
     test_plan_draft_hand_computed();
     test_plan_draft_siblings_share_mass();

@@ -158,7 +158,19 @@ struct LookupParams {
     std::vector<int32_t> blank_line_tokens;
     std::vector<int32_t> unit_start_tokens;
     bool unit_ends = true;
+    // Learn the request's substitutions: where a long copy (kSubstitutionMinMatch tokens or more)
+    // breaks and the output, after at most kSubstitutionMaxNew tokens of its own, goes on copying
+    // the source at most kSubstitutionMaxOld tokens further, the skipped source tokens and the
+    // output's replacement make a substitution; later copies propose the replacement wherever they
+    // reach the same source tokens (kind_lookup_substituted), and go on through it. A substituted
+    // node the target rejects forgets its substitution.
+    bool substitutions = true;
 };
+constexpr int32_t kSubstitutionMinMatch = 8;
+constexpr int32_t kSubstitutionMaxOld = 8;
+constexpr int32_t kSubstitutionMaxNew = 8;
+constexpr int32_t kSubstitutionResync = 3;  // tokens that must agree again after a replacement
+constexpr int32_t kMaxSubstitutions = 16;   // per request
 constexpr int32_t kLookupNgramLimit = 16;
 
 // Prompt lookup decoding, no model: the last n committed tokens (n = ngram_max down to

@@ -97,10 +97,17 @@ constexpr double kCorpusMinConfidence = 0.3;  // the corpus drafter proposes no 
 // kinds of their own, keyed by the effective match length like kind_lookup, and the statistics
 // learn which the stream is. 70..85.
 uint8_t kind_lookup_boundary(int32_t match_len);
+// A prompt-lookup node that a learned substitution put in place of the copied text
+// (LookupParams::substitutions): where a copy broke earlier in the request the output replaced a
+// stretch of the source with other tokens and then went on copying (a renamed identifier,
+// `true` written `True`), and a later copy of the same stretch proposes the replacement. One kind;
+// the statistics learn how often the output repeats its replacements. 86.
+uint8_t kind_lookup_substituted();
 bool is_model_kind(uint8_t kind);
 // A readable name of a node kind for reports: "lookup m4" (prompt lookup, match bucket from 4),
 // "pool m2", "lookup-output m3", "lookup-end", "contested", "model p0.7" (decile from 0.7),
-// "head", "corpus c0.9" (confidence bucket from 0.9), "lookup-boundary m17", "unknown".
+// "head", "corpus c0.9" (confidence bucket from 0.9), "lookup-boundary m17", "lookup-substituted",
+// "unknown".
 std::string kind_name(uint8_t kind);
 // Whether a node's acceptance is also keyed by its depth (draft-model and unknown nodes);
 // context-match kinds carry their depth in the match length already.
