@@ -28,7 +28,7 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
 
 def add_engine_options(p: argparse.ArgumentParser) -> None:
     """--repack and --no-huge-pages (Engine's repack and huge_pages), for generate, calibrate,
-    bench, serve and demo: the commands whose speed they change."""
+    bench, serve, demo, distill and train-head: the commands whose speed they change."""
     from .engine import REPACK_MODES
 
     p.add_argument("--repack", choices=["auto", *REPACK_MODES], default="auto",

@@ -25,6 +25,7 @@ def _acceptance(engine: Any, prompts: list[list[int]], max_tokens: int) -> float
 
 def _cmd_distill(args: argparse.Namespace) -> int:
     from .data import load_suite
+    from .cli import engine_options
     from .engine import Engine
     from .online import export_gguf, load_gguf
     from .online.offline import distill_offline
@@ -33,7 +34,8 @@ def _cmd_distill(args: argparse.Namespace) -> int:
     config = DistillConfig(loss=args.loss, tau=args.tau, top_k=args.top_k, lr=args.lr, batch_size=args.batch_size,
                            train_vocab=args.train_vocab, train_blocks=args.train_blocks,
                            train_threads=args.train_threads, export_dtype=args.dtype, seed=args.seed)
-    with Engine(args.target, draft=args.draft, n_ctx=args.n_ctx, n_threads=args.threads) as engine:
+    with Engine(args.target, draft=args.draft, n_ctx=args.n_ctx, n_threads=args.threads,
+                **engine_options(args)) as engine:
         suite = load_suite(args.suite, args.n + args.eval)
         prompts = [engine.prompt_tokens(p.render(chat=not args.raw)) for p in suite]
         train_prompts, eval_prompts = prompts[: args.n], prompts[args.n:]
@@ -66,6 +68,8 @@ def _cmd_distill(args: argparse.Namespace) -> int:
 
 
 def register_cli(subparsers: Any) -> None:
+    from .cli import add_engine_options
+
     p = subparsers.add_parser("distill", help="distil a draft model on a prompt suite (needs torch)")
     p.add_argument("--target", required=True, help="GGUF path or registry name")
     p.add_argument("--draft", required=True, help="GGUF path or registry name of the draft to train")
@@ -88,6 +92,7 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--out", required=True, help="GGUF file to write")
     p.add_argument("--raw", action="store_true", help="raw prompt text instead of the chat template")
     p.add_argument("--threads", type=int, default=None, help="engine CPU threads (default: all cores)")
+    add_engine_options(p)
     p.add_argument("--train-threads", type=int, default=1, help="torch CPU threads (default 1)")
     p.add_argument("--train-vocab", action=argparse.BooleanOptionalAction, default=DistillConfig.train_vocab,
                    help="train the embedding and output matrices too (--no-train-vocab freezes them)")

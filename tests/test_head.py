@@ -330,7 +330,7 @@ def test_train_head_command_makes_data_trains_resumes_and_exports(tmp_path: Path
     args = ["train-head", "--target", tiny_target, "--data", str(tmp_path / "data"), "--out", str(tmp_path / "h.gguf"),
             "--prompts", "humaneval[0:8]", "--max-tokens", "24", "--kept-vocab", "200", "--epochs", "3",
             "--batch-size", "32", "--eval-fraction", "0.25", "--eval-every", "5", "--dtype", "f32", "--threads", "2",
-            "--json"]
+            "--repack", "off", "--no-huge-pages", "--json"]  # the engine flags reach the data's engine
     plan = plan_sequences(load_prompt_slices(["humaneval[0:8]"]), (0.0, 0.8), 3)
     assert 8 < len(plan) < 16 and sum(spec.temperature == 0 for _, spec in plan) == 8  # greedy for all, some sampled
     no_time = pyspec_cli(*args, "--time-budget", "0")  # one sequence (every run makes progress), no training

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -73,11 +74,22 @@ def test_distill_cli(tiny_target: str, weak_draft: str, tmp_path: Path, monkeypa
     fake = [data.Prompt(id=f"toy/{i}", suite="toy", text=t, messages=[{"role": "user", "content": t}])
             for i, t in enumerate(PROMPTS)]
     monkeypatch.setattr(data, "load_suite", lambda name, n=None, **kw: fake[:n])
+    # The engine gets the weight-repacking and huge-page flags (the real engine, its settings read back).
+    from pyspec.engine import Engine
+    settings: list[tuple[str, bool]] = []
+    real_init = Engine.__init__
+
+    def init(self: Engine, *args: Any, **kwargs: Any) -> None:
+        real_init(self, *args, **kwargs)
+        settings.append((self.repack_mode, self.huge_pages))
+
+    monkeypatch.setattr(Engine, "__init__", init)
     out = tmp_path / "cli.gguf"
     code = cli.main(["distill", "--target", tiny_target, "--draft", weak_draft, "--suite", "humaneval", "--n", "3",
                      "--eval", "1", "--steps", "2", "--batch-size", "2", "--max-tokens", "12", "--raw",
-                     "--threads", "1", "--dtype", "f32", "--out", str(out)])
+                     "--threads", "1", "--dtype", "f32", "--repack", "off", "--no-huge-pages", "--out", str(out)])
     assert code == 0
+    assert settings == [("off", False)]
     summary = json.loads(capsys.readouterr().out)
     assert summary["out"] == str(out) and out.is_file()
     assert summary["steps"] == 2 and summary["eval_prompts"] == 1

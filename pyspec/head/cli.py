@@ -34,6 +34,7 @@ def run_train_head(args: argparse.Namespace) -> dict[str, Any]:
     import numpy as np
     import torch
 
+    from ..cli import engine_options
     from ..config import DEFAULT_TARGET
     from ..engine import Engine
     from ..models import resolve_model
@@ -59,7 +60,7 @@ def run_train_head(args: argparse.Namespace) -> dict[str, Any]:
         plan = plan_sequences(_interleave(groups), args.temperatures, args.sampled_every, reference=args.reference)
         bar = _progress("data")
         bar.total = len(plan)
-        with Engine(target, n_threads=args.threads, n_ctx=args.n_ctx) as engine:
+        with Engine(target, n_threads=args.threads, n_ctx=args.n_ctx, **engine_options(args)) as engine:
             config = DataConfig(max_tokens=args.max_tokens, reference_max_tokens=args.reference_max_tokens)
             made, complete = make_training_data(engine, plan, data_dir, config,
                                                 on_sequence=lambda done, total: bar.update(done - bar.n),
@@ -190,6 +191,8 @@ def _floats(text: str) -> tuple[float, ...]:
 
 
 def register_cli(subparsers: Any) -> None:
+    from ..cli import add_engine_options
+
     p = subparsers.add_parser(
         "train-head", help="train a ReDrafter draft head for a target (method redrafter)",
         description="Makes training data with the target (its answers to --prompts, hidden states and "
@@ -229,6 +232,7 @@ def register_cli(subparsers: Any) -> None:
                         "while making data, with a checkpoint while training (run the same command again to "
                         "continue)")
     p.add_argument("--threads", type=int, default=None, help="llama.cpp threads for the data")
+    add_engine_options(p)
     p.add_argument("--train-threads", type=int, default=0, help="torch threads (default: torch's choice)")
     p.add_argument("--init-from", default=None, metavar="HEAD.gguf",
                    help="start from this head's weights (its kept vocabulary, ResNet layers and output form; "
