@@ -162,8 +162,9 @@ struct LookupParams {
     // breaks and the output, after at most kSubstitutionMaxNew tokens of its own, goes on copying
     // the source at most kSubstitutionMaxOld tokens further, the skipped source tokens and the
     // output's replacement make a substitution; later copies propose the replacement wherever they
-    // reach the same source tokens (kind_lookup_substituted), and go on through it. A substituted
-    // node the target rejects forgets its substitution.
+    // reach the same source tokens after the same source token as where it was learnt
+    // (kind_lookup_substituted), and go on through it. A substituted node the target rejects
+    // forgets its substitution.
     bool substitutions = true;
 };
 constexpr int32_t kSubstitutionMinMatch = 8;
