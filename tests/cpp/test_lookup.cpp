@@ -361,6 +361,14 @@ void test_substitutions_follow_the_outputs_replacement() {
     }
 }
 
+// Commits output[from, to) one token a step, drafting before each as the decoder does.
+void commit_steps(spec::Drafter& drafter, Tokens& committed, const Tokens& output, size_t from, size_t to) {
+    for (size_t t = from; t < to; ++t) {
+        draft_with_kinds(drafter, committed, 64);
+        committed.push_back(output[t]);
+    }
+}
+
 void test_a_rejected_substitution_is_forgotten() {
     // The output replaces the first stretch, then keeps the second: the substitution proposed
     // there fails, and the third run's copy proposes the source's own stretch again.
@@ -370,17 +378,11 @@ void test_a_rejected_substitution_is_forgotten() {
     auto drafter = spec::make_prompt_lookup_drafter(spec::LookupParams{});
     drafter->begin(source);
     Tokens committed = source;
-    for (size_t t = 0; t < 17; ++t) {
-        draft_with_kinds(*drafter, committed, 64);
-        committed.push_back(output[t]);
-    }
+    commit_steps(*drafter, committed, output, 0, 17);
     spec::Draft out = draft_with_kinds(*drafter, committed, 64);
     CHECK(!out.tokens.empty() && out.tokens[0] == 200 && out.kinds[0] == spec::kind_lookup_substituted());
     committed.push_back(100);  // the target keeps the source's token
-    for (size_t t = 18; t < 26; ++t) {
-        draft_with_kinds(*drafter, committed, 64);
-        committed.push_back(output[t]);
-    }
+    commit_steps(*drafter, committed, output, 18, 26);
     out = draft_with_kinds(*drafter, committed, 64);
     CHECK(!out.tokens.empty() && out.tokens[0] == 100 && out.kinds[0] != spec::kind_lookup_substituted());
 }
@@ -394,10 +396,7 @@ void test_substitutions_keep_their_context() {
     auto drafter = spec::make_prompt_lookup_drafter(spec::LookupParams{});
     drafter->begin(source);
     Tokens committed = source;
-    for (size_t t = 0; t < 17; ++t) {
-        draft_with_kinds(*drafter, committed, 64);
-        committed.push_back(output[t]);
-    }
+    commit_steps(*drafter, committed, output, 0, 17);
     spec::Draft out = draft_with_kinds(*drafter, committed, 64);  // the second run: after 90
     CHECK(!out.tokens.empty() && out.tokens[0] == 200 && out.kinds[0] == spec::kind_lookup_substituted());
     // The proposal goes on into the third run and leaves its stretch, after 91, as it is.
@@ -413,10 +412,7 @@ void test_substitutions_off() {
     auto drafter = spec::make_prompt_lookup_drafter(params);
     drafter->begin(source);
     Tokens committed = source;
-    for (size_t t = 0; t < 17; ++t) {
-        draft_with_kinds(*drafter, committed, 64);
-        committed.push_back(output[t]);
-    }
+    commit_steps(*drafter, committed, output, 0, 17);
     const spec::Draft out = draft_with_kinds(*drafter, committed, 64);
     CHECK(!out.tokens.empty() && out.tokens[0] == 100 && out.kinds[0] == spec::kind_lookup(8));
 }
