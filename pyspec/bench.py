@@ -84,7 +84,7 @@ def available_methods() -> tuple[str, ...]:
 # (one draft model, one head) can compare auto with and without it in a single run.
 AUTO_VARIANTS = {"no-head": (("auto_head", False),), "no-draft": (("auto_draft_model", False),),
                  "no-corpus": (("auto_corpus", False),), "no-unit-ends": (("lookup_unit_ends", False),),
-                "no-substitutions": (("lookup_substitutions", False),)}
+                 "no-substitutions": (("lookup_substitutions", False),)}
 BEAM_SHAPED = ("beam", "redrafter")
 
 
