@@ -61,7 +61,8 @@ public:
         extend(*request.tokens);
         // Where the last proposal ran through a substitution and the output followed it, the copy
         // goes on from there: the sequence's suffix no longer matches the source across the
-        // replacement, so the longest match would lose the copy.
+        // replacement, so the longest match would lose the copy. (Reads the last proposal's node_*
+        // before this one rebuilds them.)
         CopyState copy = params_.substitutions ? learn_and_resume() : CopyState{};
         const bool resumed = copy.pos >= 0;
         Match match;
@@ -89,18 +90,13 @@ public:
             const int32_t sub = copy.sub;
             if (sub >= 0) {  // the replacement's next token; past its end the copy skips the old stretch
                 const Substitution& s = subs_[size_t(sub)];
-                if (copy.offset >= int32_t(s.new_tokens.size())) {  // relearnt shorter since this state
+                if (copy.offset >= int32_t(s.new_tokens.size())) {
                     copy.pos += int32_t(s.old_tokens.size());
                     copy.sub = -1;
                     copy.offset = 0;
                     continue;
                 }
-                token = s.new_tokens[size_t(copy.offset)];
-                if (++copy.offset >= int32_t(s.new_tokens.size())) {
-                    copy.pos += int32_t(s.old_tokens.size());
-                    copy.sub = -1;
-                    copy.offset = 0;
-                }
+                token = s.new_tokens[size_t(copy.offset++)];
             } else {
                 const int32_t pos = copy.pos;
                 if (pos >= n_tokens && pos - n_tokens >= int32_t(out.tokens.size())) break;
@@ -323,13 +319,11 @@ private:
         return best;
     }
 
-    // The proposal just made, to compare with what gets committed (learn_and_resume).
+    // The proposal just made, to compare with what gets committed (learn_and_resume); its
+    // per-node state stays in node_src_, node_sub_ and node_next_ until the next draft.
     void remember(const Draft& out, int32_t n_tokens, int32_t n_matched) {
         expected_ = out.tokens;
         expected_at_ = n_tokens;
-        expected_src_ = node_src_;
-        expected_sub_ = node_sub_;
-        expected_next_ = node_next_;
         expected_run_ = n_matched;
     }
 
@@ -347,8 +341,8 @@ private:
             int32_t k = 0;
             while (k < n_new && k < n_expected && tokens_[size_t(expected_at_ + k)] == expected_[size_t(k)]) ++k;
             if (k < n_new && k < n_expected) {
-                const int32_t sub = expected_sub_[size_t(k)];
-                const int32_t src = expected_src_[size_t(k)];
+                const int32_t sub = node_sub_[size_t(k)];
+                const int32_t src = node_src_[size_t(k)];
                 if (sub >= 0) {
                     subs_[size_t(sub)].alive = false;
                 } else if (expected_run_ + k >= kSubstitutionMinMatch && src >= 0 && src < expected_at_) {
@@ -357,8 +351,8 @@ private:
                 }
             } else if (k == n_new && k > 0) {
                 const bool through_substitution =
-                    std::any_of(expected_sub_.begin(), expected_sub_.begin() + k, [](int32_t s) { return s >= 0; });
-                const CopyState& next = expected_next_[size_t(k - 1)];
+                    std::any_of(node_sub_.begin(), node_sub_.begin() + k, [](int32_t s) { return s >= 0; });
+                const CopyState& next = node_next_[size_t(k - 1)];
                 if (through_substitution && (next.sub < 0 || subs_[size_t(next.sub)].alive)) {
                     resume = next;
                     resume.run = std::min(expected_run_ + k, kMaxMatchLen);
@@ -425,15 +419,15 @@ private:
     // the previous occurrence of the n-gram before it (-1: none), a chain through all occurrences.
     std::vector<std::vector<int32_t>> previous_;
     mutable std::vector<int32_t> rivals_;  // mark_contested's scratch
-    // The proposal being built, per node: its source position (-1 for a substituted node), its
-    // substitution (-1 for a copied node), and the copy state after it.
+    // The proposal being built (and, until the next draft, the last one), per node: its source
+    // position (-1 for a substituted node), its substitution (-1 for a copied node), and the copy
+    // state after it.
     std::vector<int32_t> node_src_, node_sub_;
     std::vector<CopyState> node_next_;
     std::vector<Substitution> subs_;  // learnt in this request (slots; forgotten ones not alive)
     std::vector<Break> breaks_;       // not settled yet
-    // The last proposal (remember), from sequence position expected_at_.
-    std::vector<int32_t> expected_, expected_src_, expected_sub_;
-    std::vector<CopyState> expected_next_;
+    // The last proposal's tokens (remember), from sequence position expected_at_.
+    std::vector<int32_t> expected_;
     int32_t expected_at_ = 0;
     int32_t expected_run_ = 0;  // the match length its first node continues
     DrafterStats stats_;
