@@ -6,10 +6,13 @@ On a GPU machine the same script runs without --cpu (README, "CUDA")."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
+
+import pytest
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu" / "gpu_check.py"
 
@@ -48,3 +51,29 @@ def test_gpu_check_runs_end_to_end_on_the_cpu_backend(tmp_path: Path) -> None:
     plan = (out / "plan.md").read_text()
     assert "| alpha |" in plan and "gamma" in plan
     assert manifest["quick"] is True and "model" not in manifest
+
+
+def test_the_build_avoids_a_compiler_that_links_libstdcxx_statically(tmp_path: Path, monkeypatch) -> None:
+    """The CUDA image's $CXX (a wrapper around GCC) links libstdc++ into every shared library:
+    libllama, libggml-cuda and _core each carried a copy, and llama.cpp's tokenizer crashed
+    under pytest. A wrapper that does the same here must be passed over for g++."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import gpu_steps
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("no g++ on PATH")
+    static = tmp_path / "static-g++"
+    static.write_text(f'#!/bin/sh\nexec {gxx} -static-libstdc++ "$@"\n')
+    static.chmod(0o755)
+    assert not gpu_steps._links_shared_libstdcxx(str(static), tmp_path / "a")
+    assert gpu_steps._links_shared_libstdcxx(gxx, tmp_path / "b")
+
+    monkeypatch.setenv("CXX", str(static))
+    chosen = gpu_steps.compiler_env(tmp_path / "c")
+    assert chosen["CXX"] == gxx and chosen["CUDAHOSTCXX"] == gxx
+    assert Path(chosen["CC"]).name == "gcc" and Path(chosen["CC"]).parent == Path(gxx).parent
+    monkeypatch.setenv("CXX", gxx)
+    assert gpu_steps.compiler_env(tmp_path / "d") == {}  # the environment's own compiler is fine

@@ -164,6 +164,42 @@ def _cmake_options(ctx: RunContext) -> list[str]:
     return opts
 
 
+def _links_shared_libstdcxx(cxx: str, scratch: Path) -> bool:
+    """Whether cxx links a shared library against libstdc++.so (its dynamic section needs it)."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    source, lib = scratch / "probe.cpp", scratch / "libprobe.so"
+    source.write_text("int probe() { throw 1; }\n", encoding="utf-8")
+    try:
+        subprocess.run([cxx, "-shared", "-fPIC", str(source), "-o", str(lib)], check=True, capture_output=True)
+        needed = subprocess.run(["readelf", "-d", str(lib)], check=True, capture_output=True, text=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return False
+    return "libstdc++" in needed
+
+
+def compiler_env(scratch: Path) -> dict[str, str]:
+    """CXX, CC and nvcc's host compiler for the builds: the first of $CXX, c++, g++ and /usr/bin/g++
+    that links the C++ runtime as a shared library. A compiler that links libstdc++ statically into
+    each shared library (the CUDA image's /opt/gcc wrapper, named by its $CXX, does) gives libllama,
+    libggml-cuda and pyspec's _core each a private copy of it with its symbols exported; the
+    dynamic linker then binds some of libllama's locale and stream symbols to libggml-cuda's copy,
+    and llama.cpp's tokenizer crashed compiling a std::regex under pytest with its plugins and in
+    processes that had imported torch or jax (a plain python3 ran). Empty when the environment's
+    own compiler already links it shared, or when none found does."""
+    default = os.environ.get("CXX") or shutil.which("c++")  # what CMake would take
+    if default and _links_shared_libstdcxx(default, scratch):
+        return {}
+    for cxx in (shutil.which("g++"), "/usr/bin/g++"):
+        if cxx and cxx != default and _links_shared_libstdcxx(cxx, scratch):
+            cc = str(Path(cxx).with_name(Path(cxx).name.replace("g++", "gcc")))
+            log.info("C++ compiler: %s (the default, %s, links libstdc++ statically into shared libraries)",
+                     cxx, default)
+            return {"CXX": cxx, "CC": cc, "CUDAHOSTCXX": cxx}
+    log.warning("no C++ compiler here links libstdc++ as a shared library: libllama and pyspec each carry "
+                "their own copy, which crashed llama.cpp's tokenizer under pytest on CUDA")
+    return {}
+
+
 def _build_llama(ctx: RunContext) -> bool:
     done = ctx.prefix / ".built"
     if done.is_file():
@@ -177,11 +213,12 @@ def _build_llama(ctx: RunContext) -> bool:
             tar.extractall(src, filter="data") if hasattr(tarfile, "data_filter") else tar.extractall(src)
     build = ctx.layout.work / f"build-{ctx.backend}"
     log_file = ctx.out / f"build-{ctx.backend}.log"
+    env = {**os.environ, **compiler_env(ctx.layout.work / "compiler-probe")}
     if not _run(["cmake", "-S", str(src / "llama.cpp"), "-B", str(build), *_cmake_options(ctx)],
-                "configuring llama.cpp", log_file=log_file):
+                "configuring llama.cpp", log_file=log_file, env=env):
         return False
     if not _run(["cmake", "--build", str(build), "--config", "Release", "-j", str(ctx.jobs), "--target", "llama"],
-                f"building libllama ({ctx.backend})", log_file=log_file):
+                f"building libllama ({ctx.backend})", log_file=log_file, env=env):
         return False
     if not _run(["cmake", "--install", str(build), "--config", "Release"], "installing libllama", log_file=log_file):
         return False
@@ -206,7 +243,7 @@ def _build_pyspec(ctx: RunContext) -> bool:
     """pyspec from this checkout, against the libllama just built, into ctx.site; that libllama
     goes where _core's RPATH looks ($ORIGIN/../llama_cpp/lib)."""
     shutil.rmtree(ctx.site, ignore_errors=True)
-    env = ctx.env()
+    env = {**ctx.env(), **compiler_env(ctx.layout.work / "compiler-probe")}
     env["CMAKE_PREFIX_PATH"] = str(ctx.prefix)
     env["PYTHONPATH"] = str(ctx.tools_site)
     build_dir = ctx.layout.work / f"pyspec-build-{ctx.backend}"
