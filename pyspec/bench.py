@@ -22,10 +22,11 @@ import contextlib
 import importlib.util
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence, Union
 
@@ -241,6 +242,7 @@ def run_bench(
     huge_pages: bool = True,
     ngram: str | None = None,
     settle_s: float | None = None,
+    repeats: int = 1,
 ) -> BenchReport:
     """Runs every method on the same prompts, interleaved per prompt, greedy.
 
@@ -259,6 +261,13 @@ def run_bench(
     llama.cpp's tools run, else 0). A tool process that exits slows whatever runs about two
     seconds later (measured: 3-4 one-token steps 20-50 ms slower, 2.0-2.3 s after the exit);
     without the pause the run that follows a tool pays for it, with it no run does.
+    repeats: runs of every method per prompt (the rotation goes on between them); the run with the
+    median decode tok/s is kept (the lower middle one for an even count), its speeds of every run
+    in PromptRun.repeat_decode_tokens_per_second. Each repeat of a pyspec method starts from the
+    phrase pool it had before the prompt (never from its own earlier answer to it); the kept run's
+    pool goes on to the next prompt. The median damps one slow or fast run, and with it the
+    advantage that "the best llama.cpp mode of each prompt" (a maximum over several noisy runs)
+    otherwise takes from noise alone.
     """
     from tqdm import tqdm
 
@@ -272,6 +281,8 @@ def run_bench(
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     if settle_s is not None and not settle_s >= 0:
         raise ValueError(f"settle_s must be >= 0 seconds, got {settle_s}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
     if isinstance(prompts, str):
         suite, prompt_list = suite_prompts(prompts, n)
     else:
@@ -362,16 +373,32 @@ def run_bench(
                 os.remove(path)
 
         runs: dict[str, list[PromptRun]] = {m.label: [] for m in specs}
-        bar = tqdm(total=len(inputs) * len(specs), desc="bench", unit="run", file=sys.stderr, disable=not progress)
+        bar = tqdm(total=len(inputs) * len(specs) * repeats, desc="bench", unit="run", file=sys.stderr,
+                   disable=not progress)
         with bar:
             for i, (pid, tokens, prompt_file) in enumerate(inputs):
-                # The order rotates by one method per prompt: no method always runs in the same
-                # slot (first after the previous prompt's last run, or right after a tool
-                # process has exited and released its memory).
-                for m in specs[i % len(specs):] + specs[:i % len(specs)]:
-                    bar.set_postfix_str(f"{pid} {m.label}", refresh=False)
-                    runs[m.label].append(run(m, pid, tokens, prompt_file, max_tokens))
-                    bar.update(1)
+                tries: dict[str, list[PromptRun]] = {m.label: [] for m in specs}
+                pools_after: dict[str, list[str]] = {m.label: [] for m in specs}
+                before = {label: _snapshot(path) for label, path in pool_files.items()} if repeats > 1 else {}
+                for r in range(repeats):
+                    # The order rotates by one method per prompt and repeat: no method always runs
+                    # in the same slot (first after the previous prompt's last run, or right after
+                    # a tool process has exited and released its memory).
+                    shift = (i * repeats + r) % len(specs)
+                    for m in specs[shift:] + specs[:shift]:
+                        bar.set_postfix_str(f"{pid} {m.label}" + (f" {r + 1}/{repeats}" if repeats > 1 else ""),
+                                            refresh=False)
+                        if r > 0 and m.label in pool_files:
+                            _restore(before.get(m.label), pool_files[m.label])
+                        tries[m.label].append(run(m, pid, tokens, prompt_file, max_tokens))
+                        if m.label in pool_files and repeats > 1:
+                            pools_after[m.label].append(_snapshot(pool_files[m.label], f".after{r}"))
+                        bar.update(1)
+                for m in specs:
+                    k, kept = _median_run(tries[m.label])
+                    runs[m.label].append(kept)
+                    if pools_after[m.label]:
+                        _restore(pools_after[m.label][k], pool_files[m.label])
                 ref = runs["none"][-1]
                 gaps: dict[int, tuple[float, float | None]] = {}  # methods leaving none at one token share its gaps
                 for m in specs:
@@ -385,13 +412,42 @@ def run_bench(
                    max_tokens=max_tokens, threads=engine.n_threads, repack=engine.repack_mode,
                    llama_cpp_repack=tools_repack if tool_peers else None, head=os.path.basename(head) if head else None,
                    huge_pages=engine.huge_pages, ngram=os.path.basename(engine.ngram_path) if engine.ngram_path else None,
-                   settle_s=pause)
+                   settle_s=pause, repeats=repeats)
+
+
+def _snapshot(path: str, suffix: str = ".before") -> str | None:
+    """A copy of a method's pool file beside it (None when the method has none yet)."""
+    if not os.path.exists(path):
+        return None
+    shutil.copyfile(path, path + suffix)
+    return path + suffix
+
+
+def _restore(snapshot: str | None, path: str) -> None:
+    if snapshot is None:
+        if os.path.exists(path):
+            os.remove(path)
+    else:
+        shutil.copyfile(snapshot, path)
+
+
+def _median_run(tries: list[PromptRun]) -> tuple[int, PromptRun]:
+    """The index and record of the run with the median decode tok/s (wall tok/s where there is
+    none), the lower middle one of an even count; with more than one, every run's figure goes
+    along with it."""
+    def rate(x: PromptRun) -> float:
+        return x.decode_tokens_per_second if x.decode_tokens_per_second is not None else x.tokens_per_second
+    if len(tries) == 1:
+        return 0, tries[0]
+    k = sorted(range(len(tries)), key=lambda j: rate(tries[j]))[(len(tries) - 1) // 2]
+    return k, replace(tries[k], repeat_decode_tokens_per_second=[rate(x) for x in tries])
 
 
 def _report(specs: list[MethodSpec], runs: dict[str, list[PromptRun]], skipped: dict[str, str], *, target: str,
             draft: str | None, suite: str, max_tokens: int, threads: int, repack: bool | str,
             llama_cpp_repack: bool | None = None, head: str | None = None,
-            huge_pages: bool | None = None, ngram: str | None = None, settle_s: float | None = None) -> BenchReport:
+            huge_pages: bool | None = None, ngram: str | None = None, settle_s: float | None = None,
+            repeats: int = 1) -> BenchReport:
     peers = [m.label for m in specs if m.is_peer]
     modes = [m.label for m in specs if m.is_llama_cpp]
     results = [summarize(m.label, m.n_draft if m.n_draft is not None else _default_n_draft(m.name), m.is_peer,
@@ -406,6 +462,7 @@ def _report(specs: list[MethodSpec], runs: dict[str, list[PromptRun]], skipped: 
         auto_vs_best_llama_cpp_within_limit=(versus_best_llama_cpp(runs["auto"], runs, modes, decode_within_limit)
                                              if "auto" in runs else None),
         none_vs_llama_cpp=by_label["none"].decode_speedup_vs_llama_cpp, head=head, ngram=ngram, settle_s=settle_s,
+        repeats=repeats,
     )  # fmt: skip
 
 
@@ -476,7 +533,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         args.target, args.draft, args.prompt or args.suite, n=args.n, max_tokens=args.max_tokens, methods=args.methods,
         n_draft=args.n_draft, n_threads=args.threads, n_ctx=args.n_ctx, progress=not args.no_progress,
         llama_cpp_bin=args.llama_cpp_bin, n_gpu_layers=args.n_gpu_layers, head=args.head, ngram=args.ngram,
-        settle_s=args.settle, **engine_options(args),
+        settle_s=args.settle, repeats=args.repeats, **engine_options(args),
     )
     for method, why in report.skipped.items():
         print(f"pyspec bench: skipped {method}: {why}", file=sys.stderr)
@@ -523,6 +580,9 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--settle", type=float, default=None, metavar="SECONDS",
                    help=f"pause before each run, of every method alike (default {SETTLE_S:g} s when llama.cpp's "
                         "tools run, else 0: a tool process that exits slows what runs about 2 s later)")
+    p.add_argument("--repeats", type=int, default=1, metavar="R",
+                   help="runs of every method per prompt, interleaved; the run with the median decode tok/s is "
+                        "kept (default 1; 3 damps the noise that favours 'the best llama.cpp mode of each prompt')")
     p.add_argument("--head", default=None, metavar="PATH",
                    help="draft head GGUF (`pyspec train-head`) for method redrafter and for auto to weigh "
                         "(auto:no-head leaves it out)")

@@ -63,6 +63,9 @@ class PromptRun:
     # llama.cpp tools only:
     text: str | None = None  # generated text (undecodable bytes as surrogate escapes)
     process_wall_s: float | None = None  # the tool's whole process, model load included
+    # With bench's repeats > 1: decode tok/s (wall tok/s for peers without one) of every run of
+    # this (prompt, method), in run order; this record is the run with the median one.
+    repeat_decode_tokens_per_second: list[float] | None = None
 
 
 @dataclass
@@ -111,6 +114,7 @@ class BenchReport:
     huge_pages: bool | None = None  # Engine.huge_pages, which the tools' GLIBC_TUNABLES follow (None: older reports)
     ngram: str | None = None  # the engine's n-gram table (file name), when given
     settle_s: float | None = None  # the pause before each run (None: older reports, which had none)
+    repeats: int = 1  # runs of each method per prompt; the median one is reported (bench.run_bench)
     timing: str = TIMING_NOTE
     decode_timing: str = DECODE_NOTE
     speedup: str = SPEEDUP_NOTE
@@ -227,7 +231,9 @@ def format_markdown(report: BenchReport, python_peers: tuple[str, ...] = ("peer-
         + (f", llama.cpp's tools repack {'on' if report.llama_cpp_repack else 'off'}"
            if report.llama_cpp_repack is not None else "")
         + (f", huge pages {'on' if report.huge_pages else 'off'}" if report.huge_pages is not None else "")
-        + (f", {report.settle_s:g} s pause before each run" if report.settle_s else ""),
+        + (f", {report.settle_s:g} s pause before each run" if report.settle_s else "")
+        + (f", each method run {report.repeats} times per prompt (interleaved) and the run with the median decode "
+           f"tok/s kept" if report.repeats > 1 else ""),
         f"{report.timing}; {report.decode_timing}; {report.speedup}; tok/s is the median (min-max) over prompts; "
         f"{report.identity}." + (f" {BEST_MODE_NOTE}." if with_llama_cpp else ""),
         "",

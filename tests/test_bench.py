@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -280,3 +281,45 @@ def test_divergence_off_a_near_tie_is_measured_again_one_token_at_a_time(
                            suite="s", max_tokens=8, threads=2, repack=False)
     assert (f"- auto p: first differs at token {index}, top-2 logit gap {run.top2_logit_gap:.3f} "
             f"(one token at a time: {run.top2_logit_gap_one_token:.3f})") in format_markdown(report)
+
+
+def test_repeats_keep_the_median_run_and_start_each_from_the_pool_before_the_prompt(
+        tiny_target: str, tiny_drafts: dict[str, str], monkeypatch) -> None:
+    """With repeats, every run of a pool-keeping method on a prompt starts from the pool the method
+    had before that prompt (never from its own earlier answer to it), and the kept run's pool goes on."""
+    import hashlib
+
+    from pyspec.engine import Engine
+
+    pools: list[str] = []  # what each run of a pyspec method started from: "empty" or the file's hash
+    load, clear = Engine.load_pool, Engine.clear_pool
+
+    def recording_load(self, path, *a, **k):
+        pools.append(hashlib.sha256(Path(path).read_bytes()).hexdigest())
+        return load(self, path, *a, **k)
+
+    def recording_clear(self, *a, **k):
+        pools.append("empty")
+        return clear(self, *a, **k)
+
+    monkeypatch.setattr(Engine, "load_pool", recording_load)
+    monkeypatch.setattr(Engine, "clear_pool", recording_clear)
+    with pytest.raises(ValueError, match="repeats must be >= 1, got 0"):
+        run_bench(tiny_target, None, ["hi"], max_tokens=2, methods="none", repeats=0, progress=False)
+    prompts = PROMPTS[:2]
+    report = run_bench(tiny_target, tiny_drafts["perturbed"], prompts, max_tokens=16, methods="none,ouroboros:3",
+                       n_threads=2, n_ctx=512, progress=False, repeats=3)
+    assert report.repeats == 3 and "each method run 3 times per prompt" in format_markdown(report)
+    # none and ouroboros each: the warm-up, then 3 runs per prompt.
+    assert len(pools) == 2 * (1 + 3 * len(prompts))
+    first, second = pools[2:8], pools[8:14]
+    assert first == ["empty"] * 6  # prompt 0: every repeat of both methods from an empty pool
+    # prompt 1: each method's 3 repeats from one pool, ouroboros's holding prompt 0's phrases
+    assert "empty" not in second and sorted(Counter(second).values()) in ([3, 3], [6]), second
+    none = {x.prompt_id: x.tokens for x in report.result("none").per_prompt}
+    for r in report.results:
+        for x in r.per_prompt:
+            rates = x.repeat_decode_tokens_per_second
+            assert rates is not None and len(rates) == 3
+            assert x.decode_tokens_per_second == sorted(rates)[1]  # the median run is the one kept
+            assert x.tokens == none[x.prompt_id]
