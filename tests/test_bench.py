@@ -323,3 +323,27 @@ def test_repeats_keep_the_median_run_and_start_each_from_the_pool_before_the_pro
             assert rates is not None and len(rates) == 3
             assert x.decode_tokens_per_second == sorted(rates)[1]  # the median run is the one kept
             assert x.tokens == none[x.prompt_id]
+
+
+def test_bench_repeats_script_compares_the_median_runs_with_each_repeat_alone() -> None:
+    """benchmarks/bench_repeats.py: one noisy fast run of a llama.cpp mode sets 'the best mode' of
+    a single repeat, not of the median runs."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_repeats.py"
+    spec = importlib.util.spec_from_file_location("bench_repeats", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def method(name: str, rates: list[float]) -> dict:
+        return {"method": name, "per_prompt": [{"decode_tokens_per_second": sorted(rates)[1],
+                                                "repeat_decode_tokens_per_second": rates}]}
+    report = {"suite": "s", "n": 1, "repeats": 3, "llama_cpp_modes": ["llama.cpp", "llama.cpp-ngram-mod"],
+              "results": [method("none", [10, 10, 10]), method("auto", [12, 12, 12]),
+                          method("llama.cpp", [10, 14, 10]), method("llama.cpp-ngram-mod", [11, 11, 11])]}
+    rows = {line.split(" | ")[0][2:]: line.split(" | ")[1:4] for line in module.summarize(report) if line.startswith("| ")}
+    assert rows["median of the 3"] == ["1.09x", "1.00x", "1.20x"]  # 12 / 11, 10 / 10, 12 / 10
+    assert rows["repeat 2 alone"] == ["0.86x", "0.71x", "1.20x"]  # 12 / 14, 10 / 14
+    assert rows["repeat 1 alone"] == ["1.09x", "1.00x", "1.20x"]
+    with pytest.raises(SystemExit, match="no repeats"):
+        module.summarize({**report, "repeats": 1})
