@@ -178,8 +178,9 @@ def _links_shared_libstdcxx(cxx: str, scratch: Path) -> bool:
 
 
 def compiler_env(scratch: Path) -> dict[str, str]:
-    """CXX, CC and nvcc's host compiler for the builds: the first of $CXX, c++, g++ and /usr/bin/g++
-    that links the C++ runtime as a shared library. A compiler that links libstdc++ statically into
+    """CXX, CC and nvcc's host compiler for the builds: the environment's compiler ($CXX, else c++,
+    as CMake takes it), else g++, else /usr/bin/g++, the first that links the C++ runtime as a
+    shared library. A compiler that links libstdc++ statically into
     each shared library (the CUDA image's /opt/gcc wrapper, named by its $CXX, does) gives libllama,
     libggml-cuda and pyspec's _core each a private copy of it with its symbols exported; the
     dynamic linker then binds some of libllama's locale and stream symbols to libggml-cuda's copy,
