@@ -16,34 +16,35 @@ import json
 import statistics
 import sys
 
-
-def _ratio(num: list[float], den: list[float]) -> float:
-    return statistics.median(a / b for a, b in zip(num, den) if b)
+from pyspec.bench_report import PromptRun, versus_best_llama_cpp
 
 
 def summarize(report: dict) -> list[str]:
     modes = report["llama_cpp_modes"]
-    per = {r["method"]: r["per_prompt"] for r in report["results"]}
+    runs = {r["method"]: [PromptRun(**x) for x in r["per_prompt"]] for r in report["results"]}
     repeats = report.get("repeats", 1)
-    if repeats < 2 or any(x.get("repeat_decode_tokens_per_second") is None for x in per["none"]):
+    if repeats < 2 or any(x.repeat_decode_tokens_per_second is None for x in runs["none"]):
         raise SystemExit("this report has no repeats (run `pyspec bench --repeats 3`)")
 
-    def rates(method: str, k: int | None) -> list[float]:
-        return [x["decode_tokens_per_second"] if k is None else x["repeat_decode_tokens_per_second"][k]
-                for x in per[method]]
+    def ratio(method: str, against: list[str], k: int | None) -> str:
+        """The report's own figure: median over prompts of method / the best of `against` (one
+        method: that method), on the kept runs (k None) or on repeat k alone."""
+        def value(x: PromptRun) -> float | None:
+            return x.decode_tokens_per_second if k is None else x.repeat_decode_tokens_per_second[k]
+        r = versus_best_llama_cpp(runs[method], runs, against, value)
+        return "-" if r is None else f"{r:.2f}x"
 
     lines = [f"suite {report['suite']}, {report['n']} prompts, {repeats} runs of each method per prompt",
              "| runs used | auto / best llama.cpp mode | none / llama.cpp plain | auto / none |"
              + "".join(f" {m} / none |" for m in modes),
              "|---|---|---|---|" + "---|" * len(modes)]
     for k in [None, *range(repeats)]:
-        best = [max(col) for col in zip(*(rates(m, k) for m in modes))]
-        plain = (f"{_ratio(rates('none', k), rates('llama.cpp', k)):.2f}x" if "llama.cpp" in modes else "-")
-        lines.append(f"| {'median of the ' + str(repeats) if k is None else 'repeat ' + str(k + 1) + ' alone'} | "
-                     f"{_ratio(rates('auto', k), best):.2f}x | {plain} | {_ratio(rates('auto', k), rates('none', k)):.2f}x |"
-                     + "".join(f" {_ratio(rates(m, k), rates('none', k)):.2f}x |" for m in modes))
-    spread = [statistics.pstdev(x["repeat_decode_tokens_per_second"]) / statistics.mean(x["repeat_decode_tokens_per_second"])
-              for r in per.values() for x in r]
+        plain = ratio("none", ["llama.cpp"], k) if "llama.cpp" in modes else "-"
+        lines.append(f"| {'kept runs' if k is None else 'repeat ' + str(k + 1) + ' alone'} | "
+                     f"{ratio('auto', modes, k)} | {plain} | {ratio('auto', ['none'], k)} |"
+                     + "".join(f" {ratio(m, ['none'], k)} |" for m in modes))
+    spread = [statistics.pstdev(x.repeat_decode_tokens_per_second) / statistics.mean(x.repeat_decode_tokens_per_second)
+              for r in runs.values() for x in r]
     lines.append(f"\nrun-to-run spread of one (prompt, method): median {statistics.median(spread):.1%} "
                  f"(standard deviation / mean over its {repeats} runs), largest {max(spread):.1%}")
     return lines

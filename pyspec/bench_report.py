@@ -232,8 +232,8 @@ def format_markdown(report: BenchReport, python_peers: tuple[str, ...] = ("peer-
            if report.llama_cpp_repack is not None else "")
         + (f", huge pages {'on' if report.huge_pages else 'off'}" if report.huge_pages is not None else "")
         + (f", {report.settle_s:g} s pause before each run" if report.settle_s else "")
-        + (f", each method run {report.repeats} times per prompt (interleaved) and the run with the median decode "
-           f"tok/s kept" if report.repeats > 1 else ""),
+        + (f", each method run {report.repeats} times per prompt (interleaved) and the run with the "
+           + ("median" if report.repeats % 2 else "lower middle") + " decode tok/s kept" if report.repeats > 1 else ""),
         f"{report.timing}; {report.decode_timing}; {report.speedup}; tok/s is the median (min-max) over prompts; "
         f"{report.identity}." + (f" {BEST_MODE_NOTE}." if with_llama_cpp else ""),
         "",

@@ -201,7 +201,7 @@ def compiler_env(scratch: Path) -> dict[str, str]:
     return {}
 
 
-def _build_llama(ctx: RunContext) -> bool:
+def _build_llama(ctx: RunContext, compilers: dict[str, str]) -> bool:
     done = ctx.prefix / ".built"
     if done.is_file():
         log.info("libllama (%s) already built in %s", ctx.backend, ctx.prefix)
@@ -214,7 +214,7 @@ def _build_llama(ctx: RunContext) -> bool:
             tar.extractall(src, filter="data") if hasattr(tarfile, "data_filter") else tar.extractall(src)
     build = ctx.layout.work / f"build-{ctx.backend}"
     log_file = ctx.out / f"build-{ctx.backend}.log"
-    env = {**os.environ, **compiler_env(ctx.layout.work / "compiler-probe")}
+    env = {**os.environ, **compilers}
     if not _run(["cmake", "-S", str(src / "llama.cpp"), "-B", str(build), *_cmake_options(ctx)],
                 "configuring llama.cpp", log_file=log_file, env=env):
         return False
@@ -240,11 +240,11 @@ def _install_wheels(ctx: RunContext) -> bool:
     return ok
 
 
-def _build_pyspec(ctx: RunContext) -> bool:
+def _build_pyspec(ctx: RunContext, compilers: dict[str, str]) -> bool:
     """pyspec from this checkout, against the libllama just built, into ctx.site; that libllama
     goes where _core's RPATH looks ($ORIGIN/../llama_cpp/lib)."""
     shutil.rmtree(ctx.site, ignore_errors=True)
-    env = {**ctx.env(), **compiler_env(ctx.layout.work / "compiler-probe")}
+    env = {**ctx.env(), **compilers}
     env["CMAKE_PREFIX_PATH"] = str(ctx.prefix)
     env["PYTHONPATH"] = str(ctx.tools_site)
     build_dir = ctx.layout.work / f"pyspec-build-{ctx.backend}"
@@ -273,7 +273,8 @@ def build_step(ctx: RunContext) -> bool:
     ctx.layout.work.mkdir(parents=True, exist_ok=True)
     ctx.first_site.mkdir(exist_ok=True)
     (ctx.first_site / "sitecustomize.py").write_text(SITECUSTOMIZE, encoding="utf-8")
-    return (_install_wheels(ctx) and _build_llama(ctx) and _build_pyspec(ctx)
+    compilers = compiler_env(ctx.layout.work / "compiler-probe")
+    return (_install_wheels(ctx) and _build_llama(ctx, compilers) and _build_pyspec(ctx, compilers)
             and _python(ctx, f"""
                 import pyspec, sys
                 from pathlib import Path
