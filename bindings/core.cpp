@@ -446,6 +446,11 @@ NB_MODULE(_core, m) {
         }, "hidden"_a, "state"_a, "rows"_a,
            "One head step for n rows: (logits [n, n_kept], new state [n, n_embd]).");
 
+    nb::class_<spec::Engine::Learnt>(m, "Learnt",
+                                     "What method auto had learnt at one moment (from Engine.learnt); opaque.")
+        .def_prop_ro("n_observed_steps", [](const spec::Engine::Learnt& l) { return l.target_costs.n_observed(); },
+                     "steps the target's cost corrections had seen");
+
     nb::class_<spec::Engine>(m, "Engine")
         .def("__init__", [](spec::Engine* self, const std::string& target, const std::string& draft, int32_t n_ctx,
                             int32_t n_batch, int32_t n_threads, int32_t n_gpu_layers, int32_t n_seq_max, bool use_extra_bufts, uint64_t seed,
@@ -630,6 +635,11 @@ NB_MODULE(_core, m) {
         .def("cost_model", [](spec::Engine& e) { return e.target_cost_model(); },
              "A copy of the target's cost model: its calibration prior and the corrections learnt from the "
              "steps decoded so far.")
+        .def("learnt", &spec::Engine::learnt,
+             "A copy of what method auto has learnt across requests: acceptance statistics, the target's cost "
+             "corrections, the head's record.")
+        .def("restore_learnt", &spec::Engine::restore_learnt, "state"_a,
+             "Puts a copy from learnt() back (the head's part only if the same head is loaded).")
         .def("system_info", [](spec::Engine&) { return spec::backend_description(); })
         .def("close", &spec::Engine::close, nb::call_guard<nb::gil_scoped_release>());
 }

@@ -737,6 +737,15 @@ class DraftHead:
     def step(self, hidden: Annotated[NDArray[numpy.float32], dict(order='C', device='cpu', writable=False)], state: Annotated[NDArray[numpy.float32], dict(order='C', device='cpu', writable=False)], rows: Sequence[int]) -> tuple[NDArray[numpy.float32], NDArray[numpy.float32]]:
         """One head step for n rows: (logits [n, n_kept], new state [n, n_embd])."""
 
+class Learnt:
+    """
+    What method auto had learnt at one moment (from Engine.learnt); opaque.
+    """
+
+    @property
+    def n_observed_steps(self) -> int:
+        """steps the target's cost corrections had seen"""
+
 class Engine:
     def __init__(self, target: str, draft: str, n_ctx: int, n_batch: int, n_threads: int, n_gpu_layers: int, n_seq_max: int, use_extra_bufts: bool, seed: int, reuse_prefix: bool = True, pool_capacity: int | None = None, repack_weights: bool = False, huge_pages: bool = True) -> None: ...
 
@@ -857,6 +866,16 @@ class Engine:
     def cost_model(self) -> CostModel:
         """
         A copy of the target's cost model: its calibration prior and the corrections learnt from the steps decoded so far.
+        """
+
+    def learnt(self) -> Learnt:
+        """
+        A copy of what method auto has learnt across requests: acceptance statistics, the target's cost corrections, the head's record.
+        """
+
+    def restore_learnt(self, state: Learnt) -> None:
+        """
+        Puts a copy from learnt() back (the head's part only if the same head is loaded).
         """
 
     def system_info(self) -> str: ...

@@ -264,8 +264,9 @@ def run_bench(
     repeats: runs of every method per prompt (the rotation goes on between them); the run with the
     median decode tok/s is kept (the lower middle one for an even count), its speeds of every run
     in PromptRun.repeat_decode_tokens_per_second. Each repeat of a pyspec method starts from the
-    phrase pool it had before the prompt (never from its own earlier answer to it); the kept run's
-    pool goes on to the next prompt. The median damps one slow or fast run, and with it the
+    phrase pool it had before the prompt (never from its own earlier answer to it), and each
+    repeat from what auto had learnt before the prompt (acceptance statistics, cost corrections);
+    the kept run's pool goes on to the next prompt, and what the last repeat learnt. The median damps one slow or fast run, and with it the
     advantage that "the best llama.cpp mode of each prompt" (a maximum over several noisy runs)
     otherwise takes from noise alone.
     """
@@ -380,7 +381,10 @@ def run_bench(
                 tries: dict[str, list[PromptRun]] = {m.label: [] for m in specs}
                 pools_after: dict[str, list[str]] = {m.label: [] for m in specs}
                 before = {label: _snapshot(path) for label, path in pool_files.items()} if repeats > 1 else {}
+                learnt = engine._core.learnt() if repeats > 1 else None
                 for r in range(repeats):
+                    if r > 0:  # auto's statistics and cost corrections as they were before the prompt
+                        engine._core.restore_learnt(learnt)
                     # The order rotates by one method per prompt and repeat: no method always runs
                     # in the same slot (first after the previous prompt's last run, or right after
                     # a tool process has exited and released its memory).

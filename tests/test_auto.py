@@ -266,6 +266,35 @@ def test_costs_correct_themselves(tiny_target: str) -> None:
         assert engine.cost_model().ms[0] == 1000.0
 
 
+def test_what_auto_learnt_is_copied_and_put_back(tiny_target: str) -> None:
+    """Engine._core.learnt() copies what auto learnt across requests (acceptance statistics, cost
+    corrections) and restore_learnt() puts the copy back: the same request then plans exactly as
+    it did from there, where without the copy it plans from what the earlier runs taught it."""
+    with pyspec.Engine(tiny_target, n_ctx=1024, n_threads=2) as engine:
+        # verification cheap enough that lookup pays, dear enough that the statistics decide
+        install(engine, pyspec.CostCurve((1, 2, 4, 8, 64), (10.0, 13.0, 19.0, 31.0, 400.0)))
+        start = engine._core.learnt()
+        assert start.n_observed_steps == 0
+
+        def run() -> list[int]:
+            engine.clear_pool()  # the phrase pool learns too; save_pool / load_pool keep it
+            r = engine.generate(PROMPTS[3], max_tokens=64, auto_adapt_costs=False)
+            return r.step_sizes.tolist()
+
+        first = run()
+        after_first = engine._core.learnt()
+        assert after_first.n_observed_steps == len(first)
+        second = run()
+        assert second != first  # the statistics of the first run change the second's plan
+        engine._core.restore_learnt(start)
+        assert engine._core.learnt().n_observed_steps == 0
+        assert run() == first
+        engine._core.restore_learnt(after_first)
+        assert run() == second
+    with pytest.raises(pyspec.EngineClosedError):
+        engine._core.learnt()
+
+
 def test_planner_is_exposed_for_inspection() -> None:
     stats = _core.AcceptanceStats()
     plan = _core.plan_draft([-1, 0, 1], [], stats, [0.0, 100.0, 120.0, 140.0, 160.0], 0.0)

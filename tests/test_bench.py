@@ -325,6 +325,34 @@ def test_repeats_keep_the_median_run_and_start_each_from_the_pool_before_the_pro
             assert x.tokens == none[x.prompt_id]
 
 
+def test_repeats_start_from_what_auto_had_learnt_before_the_prompt(tiny_target: str, monkeypatch) -> None:
+    """With repeats, every repeat on a prompt starts from auto's statistics and cost corrections
+    as they were before the prompt (seen through the steps the cost model has observed when a
+    repeat's first run begins); what the prompt taught goes on to the next prompt."""
+    from pyspec.engine import Engine
+
+    starts: list[tuple[str, int]] = []  # (method, steps the cost model had seen) per generation
+    generate = Engine.generate
+
+    def recording_generate(self, prompt, *a, **k):
+        starts.append((k.get("method"), self._core.learnt().n_observed_steps))
+        return generate(self, prompt, *a, **k)
+
+    monkeypatch.setattr(Engine, "generate", recording_generate)
+    prompts = PROMPTS[:2]
+    report = run_bench(tiny_target, None, prompts, max_tokens=16, methods="none,auto", n_threads=2, n_ctx=512,
+                       progress=False, repeats=3)
+    assert report.repeats == 3
+    runs = starts[2:]  # after the warm-up of both methods
+    assert len(runs) == 2 * 3 * len(prompts)
+    per_prompt = [runs[:6], runs[6:]]
+    for p in per_prompt:
+        repeat_firsts = [p[2 * r][1] for r in range(3)]  # each repeat's first run
+        assert len(set(repeat_firsts)) == 1, p
+        assert p[1][1] > p[0][1]  # within a repeat the second run sees the first one's steps
+    assert per_prompt[1][0][1] > per_prompt[0][0][1]  # prompt 0's steps go on to prompt 1
+
+
 def test_bench_repeats_script_compares_the_median_runs_with_each_repeat_alone() -> None:
     """benchmarks/bench_repeats.py: one noisy fast run of a llama.cpp mode sets 'the best mode' of
     a single repeat, not of the median runs."""

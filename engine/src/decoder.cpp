@@ -511,6 +511,23 @@ CostCurve Engine::target_cost() const { return target_costs_.prior(); }
 
 const CostModel& Engine::target_cost_model() const { return target_costs_; }
 
+Engine::Learnt Engine::learnt() const {
+    check_open();
+    std::lock_guard<std::mutex> lock(drafts_mutex_);
+    return Learnt{acceptance_, target_costs_, head_costs_, head_acceptance_, head_version_};
+}
+
+void Engine::restore_learnt(const Learnt& state) {
+    check_open();
+    std::lock_guard<std::mutex> lock(drafts_mutex_);
+    acceptance_ = state.acceptance;
+    target_costs_ = state.target_costs;
+    if (state.head_version == head_version_) {
+        head_costs_ = state.head_costs;
+        head_acceptance_ = state.head_acceptance;
+    }
+}
+
 CostCurve Engine::draft_cost(const std::string& name) const {
     std::lock_guard<std::mutex> lock(drafts_mutex_);
     const auto it = drafts_.find(name);

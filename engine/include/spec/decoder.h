@@ -257,6 +257,22 @@ public:
     const CostModel& target_cost_model() const;
     CostCurve draft_cost(const std::string& name = "") const;  // empty when not measured
 
+    // What method auto has learnt across requests: its acceptance statistics per draft slot,
+    // the target's cost corrections and what it knows of the head. restore_learnt puts a copy
+    // back, so that a benchmark can run one prompt again from the state it first met (the
+    // phrase pool has save_pool / load_pool for the same). Between generations only, as the
+    // statistics change during one. The head's part is restored only if the same head is still
+    // loaded; a calibration installed since is replaced by the copy's.
+    struct Learnt {
+        std::map<std::string, AcceptanceStats> acceptance;
+        CostModel target_costs;
+        CostModel head_costs;
+        AcceptanceStats head_acceptance;
+        int64_t head_version = 0;
+    };
+    Learnt learnt() const;
+    void restore_learnt(const Learnt& state);
+
     // Frees the models (a pool or target still held by a caller goes when that caller lets go);
     // any later call throws ClosedError.
     void close();
