@@ -23,15 +23,20 @@ def summarize(report: dict) -> list[str]:
     modes = report["llama_cpp_modes"]
     runs = {r["method"]: [PromptRun(**x) for x in r["per_prompt"]] for r in report["results"]}
     repeats = report.get("repeats", 1)
+    if "none" not in runs:
+        raise SystemExit("this report has no `none` results")
     if repeats < 2 or any(x.repeat_decode_tokens_per_second is None for x in runs["none"]):
         raise SystemExit("this report has no repeats (run `pyspec bench --repeats 3`)")
 
     def ratio(method: str, against: list[str], k: int | None) -> str:
         """The report's own figure: median over prompts of method / the best of `against` (one
-        method: that method), on the kept runs (k None) or on repeat k alone."""
+        method: that method), on the kept runs (k None) or on repeat k alone; "-" where the
+        report lacks the method or every one of `against`."""
         def value(x: PromptRun) -> float | None:
             return x.decode_tokens_per_second if k is None else x.repeat_decode_tokens_per_second[k]
-        r = versus_best_llama_cpp(runs[method], runs, against, value)
+        if method not in runs or not any(m in runs for m in against):
+            return "-"
+        r = versus_best_llama_cpp(runs[method], runs, [m for m in against if m in runs], value)
         return "-" if r is None else f"{r:.2f}x"
 
     lines = [f"suite {report['suite']}, {report['n']} prompts, {repeats} runs of each method per prompt",
@@ -52,7 +57,7 @@ def summarize(report: dict) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("report", help="JSON of `pyspec bench --repeats R --json ...` with llama.cpp's modes, none and auto")
+    parser.add_argument("report", help="JSON of `pyspec bench --repeats R --json ...` with none (auto and llama.cpp's modes where it has them)")
     args = parser.parse_args(argv)
     with open(args.report, encoding="utf-8") as f:
         print("\n".join(summarize(json.load(f))))

@@ -377,3 +377,9 @@ def test_bench_repeats_script_compares_the_median_runs_with_each_repeat_alone() 
     assert rows["repeat 1 alone"] == ["1.09x", "1.00x", "1.20x"]
     with pytest.raises(SystemExit, match="no repeats"):
         module.summarize({**report, "repeats": 1})
+    # none and llama.cpp plain only (a run for `none`'s goal): the auto columns read "-"
+    plain_only = {**report, "llama_cpp_modes": ["llama.cpp"],
+                  "results": [method("none", [10, 10, 10]), method("llama.cpp", [10, 14, 10])]}
+    rows = {line.split(" | ")[0][2:]: line.split(" | ")[1:4] for line in module.summarize(plain_only)
+            if line.startswith("| ")}
+    assert rows["kept runs"] == ["-", "1.00x", "-"] and rows["repeat 2 alone"] == ["-", "0.71x", "-"]
