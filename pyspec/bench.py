@@ -266,8 +266,8 @@ def run_bench(
     in PromptRun.repeat_decode_tokens_per_second. Each repeat of a pyspec method starts from the
     phrase pool it had before the prompt (never from its own earlier answer to it), and each
     repeat from what auto had learnt before the prompt (acceptance statistics, cost corrections);
-    the kept run's pool goes on to the next prompt, and what the last repeat learnt. The median damps one slow or fast run, and with it the
-    advantage that "the best llama.cpp mode of each prompt" (a maximum over several noisy runs)
+    the kept run's pool goes on to the next prompt, and what the last repeat learnt. The median
+    damps one slow or fast run, and with it the advantage that "the best llama.cpp mode of each prompt" (a maximum over several noisy runs)
     otherwise takes from noise alone.
     """
     from tqdm import tqdm
