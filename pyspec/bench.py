@@ -500,19 +500,33 @@ def _mark_text_divergence(engine: "Engine", run: PromptRun, ref: PromptRun, prom
                           special: bool, gaps: dict[int, tuple[float, float | None]]) -> None:
     """Identity by text, for tools that print text: the run's bytes against none's tokens rendered
     the way the tool renders them. A run that stopped at the length limit may have generated past
-    none's last token (llama-speculative-simple does): then none's text must be its prefix."""
+    none's last token (llama-speculative-simple does): then none's text must be its prefix.
+
+    The divergence is placed at none's token that holds the first differing byte, or one token
+    earlier where the bytes differ from that token's first byte on and the target's runner-up
+    there spells more of the run's text than none's token did (none `)` then ` +`, the tool `))`:
+    the tool left at the `)`, whose first byte both share)."""
+    import numpy as np
+
     pieces = [engine.detokenize_bytes([t], special=special) for t in ref.tokens]
     expected = b"".join(pieces)
     out = (run.text or "").encode("utf-8", "surrogateescape")
     if out == expected or (ref.finish_reason == "length" and out.startswith(expected)):
         return
     first = next((k for k, (a, b) in enumerate(zip(out, expected)) if a != b), min(len(out), len(expected)))
-    end, index = 0, len(ref.tokens)
+    start, index = 0, len(ref.tokens)
     for k, piece in enumerate(pieces):  # none's token that holds the first differing byte
-        end += len(piece)
-        if end > first:
+        if start + len(piece) > first:
             index = k
             break
+        start += len(piece)
+    if 0 < index < len(ref.tokens) and first == start:
+        previous = start - len(pieces[index - 1])
+        row = engine.evaluate(prompt_tokens + ref.tokens[:index - 1])[0]
+        runner_up = next(int(t) for t in np.argsort(row)[::-1][:2] if t != ref.tokens[index - 1])
+        spelled = engine.detokenize_bytes([runner_up], special=special)
+        if len(spelled) > len(pieces[index - 1]) and out[previous:].startswith(spelled):
+            index -= 1
     _divergence(run, ref, engine, prompt_tokens, index, gaps)
 
 

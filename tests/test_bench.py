@@ -283,6 +283,41 @@ def test_divergence_off_a_near_tie_is_measured_again_one_token_at_a_time(
             f"(one token at a time: {run.top2_logit_gap_one_token:.3f})") in format_markdown(report)
 
 
+def test_a_text_divergence_at_a_longer_token_is_placed_where_the_tool_left() -> None:
+    """none wrote `)` then ` +`, the tool `))` then ` +`: the first differing byte lies in none's
+    ` +`, but the tool left at the `)` (a near-tie with `))`), and the gap is measured there. A
+    tool that wrote another token where none wrote ` +` is placed at ` +`."""
+    import numpy as np
+
+    from pyspec import bench
+    from pyspec.bench_report import PromptRun
+
+    vocab = [b"x", b")", b" +", b"))", b" 1", b"-"]
+    prompt, none = [0], [0, 1, 2, 4]  # "x) + 1" after the prompt
+
+    class Engine:  # what _mark_text_divergence reads of an engine: pieces and next-token logits
+        def detokenize_bytes(self, tokens, special=False):
+            return b"".join(vocab[t] for t in tokens)
+
+        def evaluate(self, tokens):
+            i = len(tokens) - len(prompt)  # the row predicts none's token i
+            row = np.full(len(vocab), -10.0, dtype=np.float32)
+            row[none[i]] = 5.0
+            row[3 if i == 1 else 5] = 4.9 if i == 1 else 4.8  # '))' 0.1 behind ')', elsewhere '-' 0.2
+            return row[None, :]
+
+    def run(text: str) -> PromptRun:
+        return PromptRun("p", "tool", 1, 4, 1.0, 4.0, "stop", [], text=text)
+
+    ref = PromptRun("p", "none", 1, 4, 1.0, 4.0, "stop", none)
+    longer = run("x)) + 1")
+    bench._mark_text_divergence(Engine(), longer, ref, prompt, False, {})
+    assert longer.divergence_index == 1 and longer.top2_logit_gap == pytest.approx(0.1, abs=1e-5)
+    other = run("x)- 1")
+    bench._mark_text_divergence(Engine(), other, ref, prompt, False, {})
+    assert other.divergence_index == 2 and other.top2_logit_gap == pytest.approx(0.2, abs=1e-5)
+
+
 def test_repeats_keep_the_median_run_and_start_each_from_the_pool_before_the_prompt(
         tiny_target: str, tiny_drafts: dict[str, str], monkeypatch) -> None:
     """With repeats, every run of a pool-keeping method on a prompt starts from the pool the method
