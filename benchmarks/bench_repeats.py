@@ -34,7 +34,7 @@ def summarize(report: dict) -> list[str]:
         report lacks the method or every one of `against`."""
         def value(x: PromptRun) -> float | None:
             return x.decode_tokens_per_second if k is None else x.repeat_decode_tokens_per_second[k]
-        if method not in runs or not any(m in runs for m in against):
+        if method not in runs:
             return "-"
         r = versus_best_llama_cpp(runs[method], runs, [m for m in against if m in runs], value)
         return "-" if r is None else f"{r:.2f}x"

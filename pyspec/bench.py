@@ -38,6 +38,8 @@ from .cli import add_engine_options, add_ngram_option, engine_options
 from .config import DEFAULT_DRAFT, DEFAULT_TARGET, METHODS_NEEDING_DRAFT, METHODS_NEEDING_HEAD
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from .data import Prompt
     from .engine import Engine
     from .results import GenerationStats
@@ -158,10 +160,12 @@ def _as_messages(prompt: BenchPrompt) -> tuple[str, list[dict]]:
     return "", list(prompt)
 
 
-def _top2_gap(engine: "Engine", tokens: list[int]) -> float:
+def _top2_gap(engine: "Engine", tokens: list[int], row: "np.ndarray | None" = None) -> float:
+    """The target's top-2 logit gap after tokens (evaluated in one batch); row: that evaluation's
+    logits when the caller has them already."""
     import numpy as np
 
-    top = np.sort(engine.evaluate(tokens)[0])[-2:]
+    top = np.sort(engine.evaluate(tokens)[0] if row is None else row)[-2:]
     return float(top[1] - top[0])
 
 
@@ -267,8 +271,8 @@ def run_bench(
     phrase pool it had before the prompt (never from its own earlier answer to it), and each
     repeat from what auto had learnt before the prompt (acceptance statistics, cost corrections);
     the kept run's pool goes on to the next prompt, and what the last repeat learnt. The median
-    damps one slow or fast run, and with it the advantage that "the best llama.cpp mode of each prompt" (a maximum over several noisy runs)
-    otherwise takes from noise alone.
+    damps one slow or fast run, and with it the advantage that "the best llama.cpp mode of each
+    prompt" (a maximum over several noisy runs) otherwise takes from noise alone.
     """
     from tqdm import tqdm
 
@@ -471,15 +475,16 @@ def _report(specs: list[MethodSpec], runs: dict[str, list[PromptRun]], skipped: 
 
 
 def _divergence(run: PromptRun, ref: PromptRun, engine: "Engine", prompt_tokens: list[int], index: int,
-                gaps: dict[int, tuple[float, float | None]]) -> None:
+                gaps: dict[int, tuple[float, float | None]], row: "np.ndarray | None" = None) -> None:
     """Marks run as leaving none's output at token index, with the target's top-2 gaps there.
     gaps: the gaps already measured for this prompt, by index (several methods often leave none at
-    the same near-tie, and the one-token evaluation of a long context takes minutes)."""
+    the same near-tie, and the one-token evaluation of a long context takes minutes). row: the
+    target's logits at index (the context evaluated in one batch) when the caller has them."""
     run.identical_to_none = False
     run.divergence_index = index
     if index not in gaps:
         context = prompt_tokens + ref.tokens[:index]
-        batched = _top2_gap(engine, context)
+        batched = _top2_gap(engine, context, row)
         gaps[index] = (batched, _top2_gap_one_token(engine, context) if batched >= NEAR_TIE else None)
     run.top2_logit_gap, run.top2_logit_gap_one_token = gaps[index]
     log.info("%s %s: diverges from none at token %d, top-2 logit gap %.3f (one token at a time: %s)", run.prompt_id,
@@ -520,14 +525,15 @@ def _mark_text_divergence(engine: "Engine", run: PromptRun, ref: PromptRun, prom
             index = k
             break
         start += len(piece)
+    row = None
     if 0 < index < len(ref.tokens) and first == start:
         previous = start - len(pieces[index - 1])
-        row = engine.evaluate(prompt_tokens + ref.tokens[:index - 1])[0]
-        runner_up = next(int(t) for t in np.argsort(row)[::-1][:2] if t != ref.tokens[index - 1])
+        logits = engine.evaluate(prompt_tokens + ref.tokens[:index - 1])[0]
+        runner_up = next(int(t) for t in np.argsort(logits)[::-1][:2] if t != ref.tokens[index - 1])
         spelled = engine.detokenize_bytes([runner_up], special=special)
         if len(spelled) > len(pieces[index - 1]) and out[previous:].startswith(spelled):
-            index -= 1
-    _divergence(run, ref, engine, prompt_tokens, index, gaps)
+            index, row = index - 1, logits  # its gap is read from this evaluation
+    _divergence(run, ref, engine, prompt_tokens, index, gaps, row)
 
 
 def _default_n_draft(name: str) -> int | None:

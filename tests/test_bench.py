@@ -296,10 +296,13 @@ def test_a_text_divergence_at_a_longer_token_is_placed_where_the_tool_left() -> 
     prompt, none = [0], [0, 1, 2, 4]  # "x) + 1" after the prompt
 
     class Engine:  # what _mark_text_divergence reads of an engine: pieces and next-token logits
+        evaluations = 0
+
         def detokenize_bytes(self, tokens, special=False):
             return b"".join(vocab[t] for t in tokens)
 
         def evaluate(self, tokens):
+            Engine.evaluations += 1
             i = len(tokens) - len(prompt)  # the row predicts none's token i
             row = np.full(len(vocab), -10.0, dtype=np.float32)
             row[none[i]] = 5.0
@@ -313,9 +316,11 @@ def test_a_text_divergence_at_a_longer_token_is_placed_where_the_tool_left() -> 
     longer = run("x)) + 1")
     bench._mark_text_divergence(Engine(), longer, ref, prompt, False, {})
     assert longer.divergence_index == 1 and longer.top2_logit_gap == pytest.approx(0.1, abs=1e-5)
+    assert Engine.evaluations == 1  # the runner-up's evaluation also gives the gap there
     other = run("x)- 1")
     bench._mark_text_divergence(Engine(), other, ref, prompt, False, {})
     assert other.divergence_index == 2 and other.top2_logit_gap == pytest.approx(0.2, abs=1e-5)
+    assert Engine.evaluations == 3
 
 
 def test_repeats_keep_the_median_run_and_start_each_from_the_pool_before_the_prompt(
