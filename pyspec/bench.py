@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any, Sequence, Union
 from .bench_peers import (LLAMA_CPP_DEFAULT_N_DRAFT, LLAMA_CPP_DRAFT, LLAMA_CPP_PEERS, PEER_PLD_N_DRAFT, PYTHON_PEERS,
                           LlamaCppPeer, PythonPeer)
 from .bench_report import (BenchReport, MethodSummary, PromptRun, best_llama_cpp_runs, decode_within_limit,
-                           format_markdown, plot, summarize, versus_best_llama_cpp, write_json)
+                           format_markdown, plot, summarize, versus_best_llama_cpp, versus_best_suite_llama_cpp,
+                           write_json)
 from .cli import add_engine_options, add_ngram_option, engine_options
 from .config import DEFAULT_DRAFT, DEFAULT_TARGET, METHODS_NEEDING_DRAFT, METHODS_NEEDING_HEAD
 
@@ -462,6 +463,8 @@ def _report(specs: list[MethodSpec], runs: dict[str, list[PromptRun]], skipped: 
                          runs[m.label], runs, peers, modes) for m in specs]
     by_label = {r.method: r for r in results}
     best = best_llama_cpp_runs(runs, modes)
+    suite_mode, auto_vs_suite_mode = (versus_best_suite_llama_cpp(runs["auto"], runs, modes) if "auto" in runs
+                                      else (None, None))
     return BenchReport(
         target=target, draft=draft, suite=suite, n=len(runs["none"]), max_tokens=max_tokens, threads=threads,
         repack=repack, llama_cpp_repack=llama_cpp_repack, huge_pages=huge_pages, methods=[m.label for m in specs], results=results, skipped=skipped, llama_cpp_modes=modes,
@@ -469,7 +472,10 @@ def _report(specs: list[MethodSpec], runs: dict[str, list[PromptRun]], skipped: 
         auto_vs_best_llama_cpp=by_label["auto"].decode_speedup_vs_best_llama_cpp if "auto" in by_label else None,
         auto_vs_best_llama_cpp_within_limit=(versus_best_llama_cpp(runs["auto"], runs, modes, decode_within_limit)
                                              if "auto" in runs else None),
-        none_vs_llama_cpp=by_label["none"].decode_speedup_vs_llama_cpp, head=head, ngram=ngram, settle_s=settle_s,
+        none_vs_llama_cpp=by_label["none"].decode_speedup_vs_llama_cpp,
+        best_suite_llama_cpp_mode=suite_mode,
+        auto_vs_best_suite_llama_cpp=auto_vs_suite_mode,
+        head=head, ngram=ngram, settle_s=settle_s,
         repeats=repeats,
     )  # fmt: skip
 

@@ -199,6 +199,10 @@ def test_ratios_against_the_best_llama_cpp_mode_of_each_prompt() -> None:
     # auto / best: 30/24, 12/12.5, 20/40 -> median 0.96; none / plain: 10/11, 10/12.5, 10/10 -> median 10/11
     assert report.auto_vs_best_llama_cpp == pytest.approx(12 / 12.5)
     assert report.none_vs_llama_cpp == pytest.approx(10 / 11)
+    # the suite's best single mode: medians plain 11, ngram-mod 20, ngram-simple 24; auto / ngram-simple
+    # 30/24, 12/8, 20/25 -> median 1.25 (against each prompt's best it is 0.96)
+    assert report.best_suite_llama_cpp_mode == "llama.cpp-ngram-simple"
+    assert report.auto_vs_best_suite_llama_cpp == pytest.approx(1.25)
     # within the limit the best modes are ngram-simple (24), plain (12.5), ngram-simple (25): 1.25, 0.96, 0.8
     assert report.auto_vs_best_llama_cpp_within_limit == pytest.approx(12 / 12.5)
     runs["auto"][1].decode_tokens_per_second_within_limit = 14.0
@@ -209,7 +213,8 @@ def test_ratios_against_the_best_llama_cpp_mode_of_each_prompt() -> None:
     assert auto.decode_speedup_vs_none == pytest.approx(2.0) and auto.decode_speedup_vs_llama_cpp == pytest.approx(2.0)
     table = format_markdown(report)
     assert "auto / best llama.cpp mode 0.96x (0.96x with llama-speculative-simple's speed up to the token limit" in table
-    assert "none / llama.cpp plain 0.91x" in table
+    assert ("none / llama.cpp plain 0.91x; auto / the suite's best llama.cpp mode (llama.cpp-ngram-simple, "
+            "the highest median) 1.25x. Best mode per prompt:") in table
     assert "| s/0 | 100 | 10.0 | 30.0 | 11.0 | 20.0 | 24.0 | llama.cpp-ngram-simple | 1.25x |" in table
     assert "| decode tok/s | decode vs none | decode vs llama.cpp | decode vs best llama.cpp mode |" in table
     # the repacking settings of both sides are stated (on AMX CPUs they can differ, pyspec.llamacpp)
@@ -423,3 +428,31 @@ def test_bench_repeats_script_compares_the_median_runs_with_each_repeat_alone() 
     rows = {line.split(" | ")[0][2:]: line.split(" | ")[1:4] for line in module.summarize(plain_only)
             if line.startswith("| ")}
     assert rows["kept runs"] == ["-", "1.00x", "-"] and rows["repeat 2 alone"] == ["-", "0.71x", "-"]
+
+
+def test_vs_llama_cpp_summary_script_picks_one_mode_for_the_suite() -> None:
+    """benchmarks/vs_llama_cpp_summary.py: the suite's best mode is the one with the highest median
+    over the prompts, not the fastest run of each prompt."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "vs_llama_cpp_summary.py"
+    spec = importlib.util.spec_from_file_location("vs_llama_cpp_summary", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def method(name: str, rates: list[float]) -> dict:
+        return {"method": name, "per_prompt": [
+            {"prompt_id": f"s/{i}", "method": name, "n_prompt_tokens": 5, "n_generated": 8, "wall_s": 1.0,
+             "tokens_per_second": 8.0, "finish_reason": "length", "tokens": [], "decode_tokens_per_second": r}
+            for i, r in enumerate(rates)]}
+    # each prompt's best: 14, 13, 12 (a lucky run of another mode each time); the suite's best mode
+    # is plain (median 11 against ngram-mod 10 and ngram-simple 10)
+    report = {"suite": "s", "n": 3, "llama_cpp_modes": ["llama.cpp", "llama.cpp-ngram-mod", "llama.cpp-ngram-simple"],
+              "results": [method("none", [11, 11, 11]), method("auto", [12, 12, 12]),
+                          method("llama.cpp", [14, 11, 11]), method("llama.cpp-ngram-mod", [10, 13, 10]),
+                          method("llama.cpp-ngram-simple", [10, 10, 12])]}
+    row = module.summary_row(report, "r").split(" | ")
+    assert row[4:8] == ["0.92x", "1.09x (llama.cpp)", "1.00x", "1.09x |"]  # 12/13; 12/11; 11/11; 12/11
+    # without auto: its columns read "-"
+    no_auto = {**report, "results": [r for r in report["results"] if r["method"] != "auto"]}
+    assert module.summary_row(no_auto, "r").split(" | ")[4:8] == ["-", "-", "1.00x", "- |"]

@@ -1,0 +1,56 @@
+#!/usr/bin/env python3
+"""One line per `pyspec bench` report against llama.cpp's tools: auto / the best llama.cpp mode
+of each prompt (issue 13's figure), auto / the suite's best single mode, none / llama.cpp plain
+and auto / none (decode tok/s, medians of per-prompt ratios), recomputed from the per-prompt
+records, so reports written before a figure existed get it too.
+
+    python benchmarks/vs_llama_cpp_summary.py benchmarks/results/vs_llama_cpp_*_clx.json
+
+The best mode of each prompt is the fastest of several noisy runs; where every mode decodes at
+about plain speed (chat, GSM8K) that maximum sits above any one mode's typical run. The suite's
+best mode is the one mode with the highest median over the suite, chosen once, as a user
+configures one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from pyspec.bench_report import PromptRun, versus_best_llama_cpp, versus_best_suite_llama_cpp
+
+
+def summary_row(report: dict, name: str) -> str:
+    runs = {r["method"]: [PromptRun(**x) for x in r["per_prompt"]] for r in report["results"]}
+    modes = [m for m in report.get("llama_cpp_modes", []) if m in runs]
+
+    def ratio(method: str, against: list[str]) -> float | None:
+        if method not in runs or not against:
+            return None
+        return versus_best_llama_cpp(runs[method], runs, against)
+
+    mode, auto_vs_mode = versus_best_suite_llama_cpp(runs["auto"], runs, modes) if "auto" in runs else (None, None)
+    cells = [ratio("auto", modes), auto_vs_mode, ratio("none", ["llama.cpp"] if "llama.cpp" in runs else []),
+             ratio("auto", ["none"] if "none" in runs else [])]
+    text = ["-" if x is None else f"{x:.2f}x" for x in cells]
+    return (f"| {name} | {report['suite']} | {report['n']} | {report.get('repeats', 1)} | {text[0]} | "
+            f"{text[1]}{f' ({mode})' if mode else ''} | {text[2]} | {text[3]} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("reports", nargs="+", help="JSON files of `pyspec bench ... --json`")
+    args = parser.parse_args(argv)
+    print("| report | suite | prompts | runs per prompt | auto / best mode of each prompt | "
+          "auto / the suite's best mode | none / llama.cpp plain | auto / none |")
+    print("|---|---|---|---|---|---|---|---|")
+    for path in args.reports:
+        with open(path, encoding="utf-8") as f:
+            print(summary_row(json.load(f), Path(path).stem))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
