@@ -1,5 +1,6 @@
 """Does one online update of the stream's draft learn, per learning rate and vocabulary setting?
-(README, "Freezing the vocabulary": at lr 5e-4 the frozen draft's loss on its own batch rose.)
+(docs/results-online.md, "Freezing the vocabulary": at lr 5e-4 the frozen draft's loss on its own
+batch rose.)
 
     python benchmarks/online_update_rates.py --draft qwen6.gguf --lrs 5e-5,1e-4,2e-4,5e-4 \
         --settings frozen,trained --data rates_samples.pkl --json rates.json

@@ -6,8 +6,8 @@ Export types (`DistillConfig.export_dtype`):
   costs what the draft it replaces cost (a Q5_0 draft exported in f16 ran 1.65x slower per token);
 - "source+q8_0": the tensors training moves in q8_0, the frozen ones (train_vocab=False,
   train_blocks) copied from the source in its types. Small updates survive q8_0's rounding
-  (they can vanish in Q5_0's: `benchmarks/online_sim.py --served`, README) while the frozen
-  vocabulary matrices, most of a small draft's bytes, keep the source's cost;
+  (they can vanish in Q5_0's: `benchmarks/online_sim.py --served`, docs/results-online.md)
+  while the frozen vocabulary matrices, most of a small draft's bytes, keep the source's cost;
 - "f32", "f16", "bf16", "q8_0": written directly (the gguf package's encoders);
 - the other llama.cpp file types ("q4_k_m", "q5_0", "q6_k", ...): written as f32, then
   converted by llama.cpp's own quantizer with its per-tensor mix (`llama_model_quantize`).
@@ -88,13 +88,14 @@ class DistillConfig:
     to it or not) are trained. False freezes them: they get no gradient and no AdamW state and
     are exported unchanged; only the blocks and norms learn. For a small draft with a large
     vocabulary they hold most of the parameters (272M of 362M for 6 Qwen2.5 blocks), and so
-    most of the training's memory and of its optimizer time (README, "Freezing the vocabulary").
+    most of the training's memory and of its optimizer time (docs/results-online.md, "Freezing
+    the vocabulary").
     train_blocks: how many of the draft's last transformer blocks are trained (0: all). The
     blocks before them are frozen as the vocabulary is, and with train_vocab False too the
     training runs them without building a graph for backward: an update then costs one forward
     pass plus the backward and AdamW step of the trained blocks only, which is what lets a
-    large draft's updates keep up with the traffic they learn from (README, "Training only
-    the last blocks").
+    large draft's updates keep up with the traffic they learn from (docs/results-online.md,
+    "Training only the last blocks").
     train_threads: torch's CPU threads in the training process; keep train_threads + the
     engine's n_threads within the cores, or they slow each other.
     export_dtype: the GGUF type of the trained draft (module docstring; default "source").
