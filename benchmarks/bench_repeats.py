@@ -16,12 +16,12 @@ import json
 import statistics
 import sys
 
-from pyspec.bench_report import PromptRun, versus_best_llama_cpp
+from pyspec.bench_report import PromptRun, runs_from_report, versus_best_llama_cpp
 
 
 def summarize(report: dict) -> list[str]:
     modes = report["llama_cpp_modes"]
-    runs = {r["method"]: [PromptRun(**x) for x in r["per_prompt"]] for r in report["results"]}
+    runs = runs_from_report(report)
     repeats = report.get("repeats", 1)
     if "none" not in runs:
         raise SystemExit("this report has no `none` results")

@@ -5,6 +5,8 @@ and auto / none (decode tok/s, medians of per-prompt ratios), recomputed from th
 records, so reports written before a figure existed get it too.
 
     python benchmarks/vs_llama_cpp_summary.py benchmarks/results/vs_llama_cpp_*_clx.json
+    # another pyspec label in auto's place (a bench run of `auto:no-corpus` beside `auto`)
+    python benchmarks/vs_llama_cpp_summary.py --method auto:no-corpus benchmarks/results/vs_llama_cpp_mtbench_intel_settle.json
 
 The best mode of each prompt is the fastest of several noisy runs; where every mode decodes at
 about plain speed (chat, GSM8K) that maximum sits above any one mode's typical run. The suite's
@@ -19,21 +21,22 @@ import json
 import sys
 from pathlib import Path
 
-from pyspec.bench_report import PromptRun, versus_best_llama_cpp, versus_best_suite_llama_cpp
+from pyspec.bench_report import runs_from_report, versus_best_llama_cpp, versus_best_suite_llama_cpp
 
 
-def summary_row(report: dict, name: str) -> str:
-    runs = {r["method"]: [PromptRun(**x) for x in r["per_prompt"]] for r in report["results"]}
+def summary_row(report: dict, name: str, method: str = "auto") -> str:
+    """The report's row, `method` (a pyspec label of the report) in auto's place."""
+    runs = runs_from_report(report)
     modes = [m for m in report.get("llama_cpp_modes", []) if m in runs]
 
-    def ratio(method: str, against: list[str]) -> float | None:
-        if method not in runs or not against:
+    def ratio(label: str, against: list[str]) -> float | None:
+        if label not in runs or not against:
             return None
-        return versus_best_llama_cpp(runs[method], runs, against)
+        return versus_best_llama_cpp(runs[label], runs, against)
 
-    mode, auto_vs_mode = versus_best_suite_llama_cpp(runs["auto"], runs, modes) if "auto" in runs else (None, None)
-    cells = [ratio("auto", modes), auto_vs_mode, ratio("none", ["llama.cpp"] if "llama.cpp" in runs else []),
-             ratio("auto", ["none"] if "none" in runs else [])]
+    mode, vs_mode = versus_best_suite_llama_cpp(runs[method], runs, modes) if method in runs else (None, None)
+    cells = [ratio(method, modes), vs_mode, ratio("none", ["llama.cpp"] if "llama.cpp" in runs else []),
+             ratio(method, ["none"] if "none" in runs else [])]
     text = ["-" if x is None else f"{x:.2f}x" for x in cells]
     return (f"| {name} | {report['suite']} | {report['n']} | {report.get('repeats', 1)} | {text[0]} | "
             f"{text[1]}{f' ({mode})' if mode else ''} | {text[2]} | {text[3]} |")
@@ -42,13 +45,17 @@ def summary_row(report: dict, name: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("reports", nargs="+", help="JSON files of `pyspec bench ... --json`")
+    parser.add_argument("--method", default="auto",
+                        help="the pyspec label compared (default auto; e.g. auto:no-corpus); a report without it "
+                             "gets '-' in its columns")
     args = parser.parse_args(argv)
-    print("| report | suite | prompts | runs per prompt | auto / best mode of each prompt | "
-          "auto / the suite's best mode | none / llama.cpp plain | auto / none |")
+    m = args.method
+    print(f"| report | suite | prompts | runs per prompt | {m} / best mode of each prompt | "
+          f"{m} / the suite's best mode | none / llama.cpp plain | {m} / none |")
     print("|---|---|---|---|---|---|---|---|")
     for path in args.reports:
         with open(path, encoding="utf-8") as f:
-            print(summary_row(json.load(f), Path(path).stem))
+            print(summary_row(json.load(f), Path(path).stem, m))
     return 0
 
 

@@ -176,9 +176,7 @@ def _top2_gap_one_token(engine: "Engine", tokens: list[int]) -> float:
     decoding, where the batched evaluation's may put the two best tokens further apart."""
     from .engine import Engine
 
-    with Engine(engine.target_path, n_ctx=engine.n_ctx, n_batch=1, n_threads=engine.n_threads,
-                n_gpu_layers=engine.n_gpu_layers, repack=engine.repack_mode, prefix_cache=False,
-                huge_pages=engine.huge_pages) as one:
+    with Engine(engine.target_path, **engine.target_settings(), n_batch=1, prefix_cache=False) as one:
         return _top2_gap(one, tokens)
 
 

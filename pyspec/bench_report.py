@@ -336,6 +336,12 @@ def _llama_cpp_section(report: BenchReport) -> list[str]:
     return lines
 
 
+def runs_from_report(report: dict[str, Any]) -> dict[str, list[PromptRun]]:
+    """The per-prompt runs of each method (by label) of a report read back from its JSON
+    (write_json), for scripts that recompute figures from saved reports."""
+    return {r["method"]: [PromptRun(**x) for x in r["per_prompt"]] for r in report["results"]}
+
+
 def write_json(report: BenchReport, path: str | Path) -> None:
     Path(path).write_text(json.dumps(report.to_dict(), indent=1) + "\n", encoding="utf-8")
 

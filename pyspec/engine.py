@@ -219,6 +219,14 @@ class Engine:
         """Whether any weight repacking is in use (repack_mode is not "off")."""
         return self.repack_mode != "off"
 
+    def target_settings(self) -> dict[str, Any]:
+        """The constructor arguments that set how the target runs (context, threads, GPU layers,
+        repacking, huge pages): Engine(engine.target_path, **engine.target_settings(), ...) runs
+        the same target the same way, with whatever else the caller changes (bench's one-token
+        evaluations take a batch of 1)."""
+        return {"n_ctx": self.n_ctx, "n_threads": self.n_threads, "n_gpu_layers": self.n_gpu_layers,
+                "repack": self.repack_mode, "huge_pages": self.huge_pages}
+
     @property
     def has_draft(self) -> bool:
         return bool(self._core.has_draft)

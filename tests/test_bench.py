@@ -453,6 +453,11 @@ def test_vs_llama_cpp_summary_script_picks_one_mode_for_the_suite() -> None:
                           method("llama.cpp-ngram-simple", [10, 10, 12])]}
     row = module.summary_row(report, "r").split(" | ")
     assert row[4:8] == ["0.92x", "1.09x (llama.cpp)", "1.00x", "1.09x |"]  # 12/13; 12/11; 11/11; 12/11
+    # another label in auto's place (--method): the same figures for it, "-" where a report lacks it
+    relabelled = {**report, "results": [{**r, "method": "auto:no-corpus"} if r["method"] == "auto" else r
+                                        for r in report["results"]]}
+    assert module.summary_row(relabelled, "r", "auto:no-corpus").split(" | ")[4:8] == row[4:8]
+    assert module.summary_row(relabelled, "r").split(" | ")[4:8] == ["-", "-", "1.00x", "- |"]
     # without auto: its columns read "-"
     no_auto = {**report, "results": [r for r in report["results"] if r["method"] != "auto"]}
     assert module.summary_row(no_auto, "r").split(" | ")[4:8] == ["-", "-", "1.00x", "- |"]

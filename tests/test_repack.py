@@ -162,3 +162,14 @@ def test_huge_pages_are_asked_for_the_engines_buffers(tiny_target: str) -> None:
         print(json.dumps(counts))
     """, tiny_target)
     assert counts[1] == counts[0] and counts[2] > counts[1], counts
+
+
+def test_target_settings_rebuild_the_target_as_it_runs(q4_target: str) -> None:
+    """Engine.target_settings: an engine built from them runs the target the same way (what
+    bench's one-token gap evaluations rely on), whatever the first engine was given."""
+    with pyspec.Engine(q4_target, n_ctx=512, n_threads=1, repack="off", huge_pages=False) as engine:
+        settings = engine.target_settings()
+        assert settings == {"n_ctx": 512, "n_threads": 1, "n_gpu_layers": engine.n_gpu_layers, "repack": "off",
+                            "huge_pages": False}
+        with pyspec.Engine(engine.target_path, **settings, n_batch=1, prefix_cache=False) as twin:
+            assert twin.target_settings() == settings
