@@ -43,18 +43,29 @@ from pyspec.online.config import TRAIN_BLOCKS_HELP, DistillConfig  # no torch: p
 MODES = ("static", "online", "routed")
 
 
-def load_stream(spec: str, raw: bool, held_out: int = 0) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
+def load_stream(spec: str, raw: bool, held_out: int = 0, shuffle: int | None = None,
+                ) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
     """[(suite, prompt)] in stream order from "suite:n,suite:n,...", and the `held_out` prompts
-    of each suite that follow its stream prompts."""
+    of each suite that follow its stream prompts. shuffle: a seed; each suite's prompts are put
+    in a random order first (the same for a seed), so that the held-out prompts are drawn from
+    the same distribution as the suite's stream prompts. In file order MT-Bench runs category by
+    category (ten prompts each), and its held-out prompts after 50 served are the categories the
+    stream never served."""
+    import random
+
     from pyspec.data import load_suite
 
     stream, rest = [], []
     for part in spec.split(","):
         name, _, n = part.partition(":")
-        prompts = [p.render(chat=not raw) for p in load_suite(name, int(n) + held_out if n else None)]
-        cut = int(n) if n else len(prompts)
-        stream += [(name, p) for p in prompts[:cut]]
-        rest += [(name, p) for p in prompts[cut:]]
+        prompts = load_suite(name, None if shuffle is not None or not n else int(n) + held_out)
+        if shuffle is not None:
+            random.Random(f"{shuffle}:{name}").shuffle(prompts)
+            prompts = prompts[: int(n) + held_out] if n else prompts
+        rendered = [p.render(chat=not raw) for p in prompts]
+        cut = int(n) if n else len(rendered)
+        stream += [(name, p) for p in rendered[:cut]]
+        rest += [(name, p) for p in rendered[cut:]]
     return stream, rest
 
 
@@ -400,6 +411,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--n-draft", type=int, default=4)
     p.add_argument("--raw", action="store_true", help="raw prompt text instead of the chat template")
+    p.add_argument("--shuffle", type=int, default=None, metavar="SEED",
+                   help="put each suite's prompts in a random order (this seed) before taking the stream's and the "
+                        "held-out prompts: held-out prompts from the stream's own distribution (default: file order)")
     p.add_argument("--method", default="chain", help="generation method of the stream (default chain)")
     p.add_argument("--loss", choices=["fkl", "rkl", "jsd", "ce"], default="fkl")
     p.add_argument("--tau", type=float, default=1.0)
@@ -458,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
             args.raw = True
         if args.draft is None:
             p.error("--draft is required (see the docstring for deriving a cheap one)")
-        stream, held_out = load_stream(args.stream, args.raw, max(args.auto_eval, args.heldout))
+        stream, held_out = load_stream(args.stream, args.raw, max(args.auto_eval, args.heldout), args.shuffle)
         reused = reuse_runs(args.reuse, [m for m in args.reuse_modes.split(",") if m], args) if args.reuse else []
         runs = [*reused, *(run_mode(mode, args, stream, work_dir) for mode in modes
                            if mode not in {r["mode"] for r in reused})]

@@ -38,3 +38,36 @@ def test_one_distiller_over_the_stream_counts_the_stream():
     served = script.requests_before_update(stream_records(), started_after=16, interval=8)
     assert [r["index"] for r in served] == list(range(8, 16))
     assert sum(r["serve_seconds"] for r in served) == sum(range(8, 16))
+
+
+def test_a_shuffled_stream_draws_its_held_out_prompts_from_the_same_order(tmp_path, monkeypatch):
+    """--shuffle SEED: each suite's prompts in one random order per seed, cut into the stream's
+    and the held-out prompts (disjoint); without it, file order (MT-Bench's categories in turn)."""
+    import json
+
+    import pyspec.data
+
+    questions = [{"question_id": 81 + i, "category": ["writing", "math"][i // 10], "turns": [f"question {i}"]}
+                 for i in range(20)]
+    path = tmp_path / "question.jsonl"
+    path.write_text("".join(json.dumps(q) + "\n" for q in questions), encoding="utf-8")
+
+    def load_suite(name, n=None):
+        return pyspec.data.load_suite_file(name, path, n)
+
+    monkeypatch.setattr(pyspec.data, "load_suite", load_suite)
+    script = load_script()
+
+    def ids(part):
+        return [prompt.split()[-1] for _, prompt in part]  # "question i" rendered raw
+
+    stream, held_out = script.load_stream("mtbench:10", raw=True, held_out=4)
+    assert ids(stream) == [str(i) for i in range(10)] and ids(held_out) == ["10", "11", "12", "13"]
+    stream, held_out = script.load_stream("mtbench:10", raw=True, held_out=4, shuffle=1)
+    again = script.load_stream("mtbench:10", raw=True, held_out=4, shuffle=1)
+    assert (ids(stream), ids(held_out)) == (ids(again[0]), ids(again[1]))  # one order per seed
+    assert len(stream) == 10 and len(held_out) == 4 and not set(ids(stream)) & set(ids(held_out))
+    assert ids(stream) != [str(i) for i in range(10)]
+    assert {int(i) >= 10 for i in ids(stream)} == {False, True}  # both categories served
+    other = script.load_stream("mtbench:10", raw=True, held_out=4, shuffle=2)
+    assert ids(other[0]) != ids(stream)
