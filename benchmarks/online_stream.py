@@ -58,11 +58,11 @@ def load_stream(spec: str, raw: bool, held_out: int = 0, shuffle: int | None = N
     stream, rest = [], []
     for part in spec.split(","):
         name, _, n = part.partition(":")
-        prompts = load_suite(name, None if shuffle is not None or not n else int(n) + held_out)
+        limit = int(n) + held_out if n else None
+        prompts = load_suite(name, None if shuffle is not None else limit)
         if shuffle is not None:
             random.Random(f"{shuffle}:{name}").shuffle(prompts)
-            prompts = prompts[: int(n) + held_out] if n else prompts
-        rendered = [p.render(chat=not raw) for p in prompts]
+        rendered = [p.render(chat=not raw) for p in prompts[:limit]]
         cut = int(n) if n else len(rendered)
         stream += [(name, p) for p in rendered[:cut]]
         rest += [(name, p) for p in rendered[cut:]]
