@@ -112,6 +112,8 @@ def main() -> int:
                     help="no kinds of their own for copy nodes that end a top-level unit (auto before it had them)")
     ap.add_argument("--no-substitutions", action="store_true",
                     help="copies do not learn the output's replacements (auto before they did)")
+    ap.add_argument("--no-resync", action="store_true",
+                    help="a copy that broke is not resumed where it left off (auto before it was)")
     ap.add_argument("--actual-curve", type=Path,
                     help="charge the steps this curve's times (a `benchmarks/context_cost.py --json` file "
                          "and --actual-context, e.g. the target at a long context) while auto plans from "
@@ -138,7 +140,8 @@ def main() -> int:
     if args.actual_curve:
         measured = json.loads(args.actual_curve.read_text(encoding="utf-8"))[args.actual_context]
         actual = calibration.CostCurve(tuple(measured["n_tokens"]), tuple(measured["ms"]))
-    params = GenerationConfig(method="auto", lookup_substitutions=not args.no_substitutions).to_core()
+    params = GenerationConfig(method="auto", lookup_substitutions=not args.no_substitutions,
+                              lookup_resync=not args.no_resync).to_core()
     params.lookup.stop_tokens = [] if args.no_stop_tokens else engine._core.control_tokens()  # as the engine
     if not args.no_boundaries:
         params.lookup.blank_line_tokens, params.lookup.unit_start_tokens = engine._core.layout_tokens()
@@ -192,8 +195,9 @@ def main() -> int:
                       f"({acc / max(drafted, 1):.2f})  gained {gained / 1e3:6.2f} s  lost {lost / 1e3:6.2f} s")
         if args.per_prompt:
             for r in rows:
+                bound = f" copy bound {r['bound']:5.1f}" if "bound" in r else ""
                 print(f"  {r['prompt_id']:<16} auto {r['auto']:5.1f} calls {r['calls']:3d} "
-                      f"drafted {r['drafted']:4d} accepted {r['accepted']:4d}")
+                      f"drafted {r['drafted']:4d} accepted {r['accepted']:4d}{bound}")
         report[suite] = rows
     if args.json:
         args.json.write_text(json.dumps(report, indent=1), encoding="utf-8")

@@ -460,6 +460,51 @@ def test_replay_learns_a_renamed_identifier() -> None:
     assert pyspec.GenerationConfig().to_core().lookup.substitutions is True
 
 
+def test_replay_resumes_a_copy_after_an_inserted_stretch() -> None:
+    # Each prompt quotes a function (a 40-token run, then 42 43, say "(self", then another
+    # 40-token run) and, later, other text where 42 43 go on differently; the answer copies the
+    # function but writes two tokens of its own before the 42 (`f(` written `f_sorted(`): the
+    # copy breaks once, and no substitution can propose the insertion before it has been seen.
+    # Once the output has written the 42, the most recent 42 in the prompt is elsewhere, a
+    # one-token match whose copy is contested from its second node; with resync the copy goes on
+    # from the source's 42, where it broke, and once that copy is accepted the next step goes on
+    # as the long copy it resumed instead of as a new short match.
+    requests = []
+    for r in range(10):
+        base = 1000 + 400 * r
+        first, second = list(range(base, base + 40)), list(range(base + 40, base + 80))
+        elsewhere = [t for i in range(8) for t in (base + 100 + i, 42, 43, base + 120 + i, base + 140 + i)]
+        requests.append(([5, *first, 42, 43, *second, 6, *elsewhere, 7], [*first, 300, 301, 42, 43, *second]))
+
+    def replay(resync: bool) -> list[tuple[list[int], list[int], list[str]]]:
+        params = pyspec.GenerationConfig(method="auto", lookup_resync=resync).to_core()
+        params.pool.enabled = False
+        params.scheduler.adapt_costs = False
+        out = _core.replay_auto(requests, CPU_CURVE._core(), params.lookup, params.pool, params.scheduler)
+        for (_, answer), (_, accepted, _) in zip(requests, out):
+            assert sum(a + 1 for a in accepted) == len(answer)
+        return [(list(sizes), list(accepted), [_core.kind_name(k) for k in kinds]) for sizes, accepted, kinds in out]
+
+    def match_len(kind: str) -> int:  # "lookup m9" -> 9
+        return int(kind.split(" m")[1]) if kind.startswith("lookup m") else 0
+
+    assert _core.kind_name(_core.kind_lookup_resync()) == "lookup-resync"
+    for sizes, accepted, kinds in replay(True)[3:]:  # once the statistics have seen two
+        k = kinds.index("lookup-resync")
+        # Drafted right after the output's 42, every node accepted; the step after it goes on
+        # as a copy of 8 tokens and more (carried over), through the rest of the function.
+        assert sum(a + 1 for a in accepted[:k]) == 43 and accepted[k] == sizes[k] - 1 >= 1, (sizes, accepted, kinds)
+        assert match_len(kinds[k + 1]) >= 9 and sum(accepted[k:]) + len(accepted) - k >= 41, (sizes, accepted, kinds)
+    for sizes, accepted, kinds in replay(False)[2:]:
+        assert "lookup-resync" not in kinds
+        # The same place without it: a one-token match elsewhere, then a new short match.
+        k = next(i for i, n in enumerate(np.cumsum([a + 1 for a in accepted])) if n > 43)
+        assert match_len(kinds[k]) <= 3 and match_len(kinds[k + 1]) <= 3, (sizes, accepted, kinds)
+    # The switch reaches the lookup parameters; on by default.
+    assert pyspec.GenerationConfig(lookup_resync=False).to_core().lookup.resync is False
+    assert pyspec.GenerationConfig().to_core().lookup.resync is True
+
+
 def test_unit_end_tokens_of_a_vocabulary(engine: pyspec.Engine) -> None:
     # What the engine gives the copies (LookupParams), against each token's piece read here.
     blank_line, unit_start = engine._core.layout_tokens()

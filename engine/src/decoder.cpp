@@ -575,11 +575,13 @@ std::unique_ptr<Drafter> Engine::make_drafter(const GenerateParams& params) {
             resources.draft_cost = &drafts_.at(params.draft).cost;
         }
         // Without unit ends (LookupParams::unit_ends) a unit end is an ordinary copy node, and
-        // without substitutions a repeated replacement is a failing one: the kinds mean other
-        // things, so requests that assign them each way learn apart.
+        // without substitutions a repeated replacement is a failing one, without resyncs a copy
+        // resumed after a break is a short match: the kinds mean other things, so requests that
+        // assign them each way learn apart.
         std::string acceptance_key = params.draft;
         if (!params.lookup.unit_ends) acceptance_key += "\n(no unit ends)";
         if (!params.lookup.substitutions) acceptance_key += "\n(no substitutions)";
+        if (params.lookup.substitutions && !params.lookup.resync) acceptance_key += "\n(no resync)";
         resources.acceptance = &acceptance_[acceptance_key];
     }
     if (method_uses_head(method, params, head_ != nullptr)) {

@@ -67,11 +67,22 @@ public:
         const bool resumed = copy.pos >= 0;
         Match match;
         int32_t n_matched = copy.run;
+        bool resynced = false;
         if (!resumed) {
             match = find_continuation();
-            if (match.start < 0) return;
-            n_matched = matched_length(match);
-            copy = {match.start, -1, 0, n_matched};
+            n_matched = match.start >= 0 ? matched_length(match) : 0;
+            // Shortly after a long copy broke, a short match elsewhere is a worse guess than the
+            // source where the copy left off.
+            const bool may_resync = params_.substitutions && params_.resync && n_matched < kSubstitutionMinMatch;
+            const int32_t resync = may_resync ? find_resync() : -1;
+            resynced = resync >= 0 && resync != match.start;
+            if (resynced) {
+                n_matched = kSubstitutionMinMatch;
+                copy = {resync, -1, 0, n_matched};
+            } else {
+                if (match.start < 0) return;
+                copy = {match.start, -1, 0, n_matched};
+            }
         }
         const int32_t start = copy.pos;
         // Past the end of the sequence the continuation reads the tokens proposed so far, as if
@@ -113,7 +124,7 @@ public:
         }
         // Node i continues a match of match.n + i tokens (spec/schedule.h, node kinds), except
         // the last one before a stop token; a short match inside the output is its own kind.
-        const bool short_output_match = !resumed && start > n_prompt_ && n_matched < kLongOutputMatch;
+        const bool short_output_match = !resumed && !resynced && start > n_prompt_ && n_matched < kLongOutputMatch;
         out.kinds.resize(out.tokens.size());
         size_t first_substituted = out.tokens.size();
         for (size_t i = 0; i < out.tokens.size(); ++i) {
@@ -121,17 +132,21 @@ public:
             if (node_sub_[i] >= 0) {
                 out.kinds[i] = kind_lookup_substituted();
                 first_substituted = std::min(first_substituted, i);
+            } else if (resynced) {
+                out.kinds[i] = kind_lookup_resync();
             } else {
                 out.kinds[i] = short_output_match ? kind_lookup_output(n_matched)
                                : ends_unit(out, i)  ? kind_lookup_boundary(n_run)
                                                     : kind_lookup(n_run);
             }
         }
-        // A resumed copy has no key of its own to compare with other occurrences.
-        if (!resumed) mark_contested(match, out, first_substituted);
+        // A resumed or resynced copy has no key of its own to compare with other occurrences.
+        if (!resumed && !resynced) mark_contested(match, out, first_substituted);
         if (stopped && !out.kinds.empty()) out.kinds.back() = kind_lookup_end();
         stats_.n_proposed += int64_t(out.tokens.size());
-        if (params_.substitutions) remember(out, n_tokens, n_matched);
+        // A resync the output does not follow is no break of its own (the break it guesses the end
+        // of is still pending); one it follows goes on as a resumed copy (learn_and_resume).
+        if (params_.substitutions) remember(out, n_tokens, resynced ? kSubstitutionMinMatch - 1 : n_matched, resynced);
     }
 
     void accept(const std::vector<int32_t>& committed, int32_t n_accepted) override {
@@ -321,17 +336,35 @@ private:
 
     // The proposal just made, to compare with what gets committed (learn_and_resume); its
     // per-node state stays in node_src_, node_sub_ and node_next_ until the next draft.
-    void remember(const Draft& out, int32_t n_tokens, int32_t n_matched) {
+    void remember(const Draft& out, int32_t n_tokens, int32_t n_matched, bool resynced) {
         expected_ = out.tokens;
         expected_at_ = n_tokens;
         expected_run_ = n_matched;
+        expected_resynced_ = resynced;
+    }
+
+    // Where the copy goes on after the latest pending break (LookupParams::resync), while the
+    // output has written at most kSubstitutionMaxNew tokens of its own since: the nearest source
+    // position at most kSubstitutionMaxOld tokens after the break whose preceding source token is
+    // the output's last token. -1: none.
+    int32_t find_resync() const {
+        if (breaks_.empty()) return -1;
+        const Break& b = breaks_.back();
+        const int32_t n_tokens = int32_t(tokens_.size());
+        const int32_t n_new = n_tokens - b.out;  // the output's tokens since, the one that broke it first
+        if (n_new < 1 || n_new > kSubstitutionMaxNew) return -1;
+        const int32_t last = tokens_[size_t(n_tokens - 1)];
+        for (int32_t r = 1; r <= kSubstitutionMaxOld && b.src + r < b.out; ++r) {
+            if (tokens_[size_t(b.src + r - 1)] == last) return b.src + r;
+        }
+        return -1;
     }
 
     // Compares the tokens committed since the last proposal with it: a substituted node the
     // output did not follow forgets its substitution; a long copy's node it did not follow is a
     // break, settled into a substitution once the output copies again (settle). When the output
-    // followed the whole proposal so far and that ran through a substitution, the copy state to
-    // resume from; else pos -1.
+    // followed the whole proposal so far and that ran through a substitution or resumed the copy
+    // after a break (find_resync), the copy state to resume from; else pos -1.
     CopyState learn_and_resume() {
         CopyState resume;
         const int32_t n_tokens = int32_t(tokens_.size());
@@ -353,7 +386,7 @@ private:
                 const bool through_substitution =
                     std::any_of(node_sub_.begin(), node_sub_.begin() + k, [](int32_t s) { return s >= 0; });
                 const CopyState& next = node_next_[size_t(k - 1)];
-                if (through_substitution && (next.sub < 0 || subs_[size_t(next.sub)].alive)) {
+                if ((through_substitution || expected_resynced_) && (next.sub < 0 || subs_[size_t(next.sub)].alive)) {
                     resume = next;
                     resume.run = std::min(expected_run_ + k, kMaxMatchLen);
                 }
@@ -430,6 +463,7 @@ private:
     std::vector<int32_t> expected_;
     int32_t expected_at_ = 0;
     int32_t expected_run_ = 0;  // the match length its first node continues
+    bool expected_resynced_ = false;  // it resumed the copy after a break (find_resync)
     DrafterStats stats_;
 };
 

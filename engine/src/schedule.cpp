@@ -102,6 +102,11 @@ static_assert(kFirstBoundary + kMatchBuckets <= kNumKinds, "node kinds must fit 
 constexpr int32_t kLookupSubstituted = kFirstBoundary + kMatchBuckets;
 constexpr double kSubstitutedPrior = 0.6;
 static_assert(kLookupSubstituted < kNumKinds, "node kinds must fit kNumKinds");
+// Resynced nodes (kind_lookup_resync): a guess on a one-token key, an even prior at every depth;
+// the statistics decide.
+constexpr int32_t kLookupResync = kLookupSubstituted + 1;
+constexpr double kResyncPrior = 0.5;
+static_assert(kLookupResync < kNumKinds, "node kinds must fit kNumKinds");
 static_assert(kHead < kNumKinds, "node kinds must fit kNumKinds");
 
 bool is_corpus_kind(int32_t kind) { return kind >= kFirstCorpus && kind < kFirstCorpus + kCorpusKinds; }
@@ -119,6 +124,7 @@ double prior_mean(int32_t kind) {
     if (is_corpus_kind(kind)) return kCorpusPrior[kind - kFirstCorpus];
     if (is_boundary_kind(kind)) return kBoundaryPrior;
     if (kind == kLookupSubstituted) return kSubstitutedPrior;
+    if (kind == kLookupResync) return kResyncPrior;
     if (kind >= kFirstLookup && kind < kFirstPool && kBucketStart[kind - kFirstLookup] >= kLongCopy) {
         const double m = kBucketStart[kind - kFirstLookup];
         return std::min(kLongCopyPriorMax, m * m / (m * m + 4.0));
@@ -154,6 +160,7 @@ uint8_t kind_lookup_output(int32_t root_match_len) {
 uint8_t kind_head() { return uint8_t(kHead); }
 uint8_t kind_lookup_boundary(int32_t match_len) { return uint8_t(kFirstBoundary + match_bucket(match_len)); }
 uint8_t kind_lookup_substituted() { return uint8_t(kLookupSubstituted); }
+uint8_t kind_lookup_resync() { return uint8_t(kLookupResync); }
 uint8_t kind_corpus(double confidence) {
     int32_t b = 0;
     while (b + 1 < kCorpusKinds && kCorpusBucketStart[b + 1] <= confidence) ++b;
@@ -171,6 +178,7 @@ std::string kind_name(uint8_t kind) {
     if (kind == kHead) return "head";
     if (is_boundary_kind(kind)) return "lookup-boundary" + bucket(kind - kFirstBoundary);
     if (kind == kLookupSubstituted) return "lookup-substituted";
+    if (kind == kLookupResync) return "lookup-resync";
     if (is_corpus_kind(kind)) {
         char buf[32];
         std::snprintf(buf, sizeof(buf), "corpus c%.2g", kCorpusBucketStart[kind - kFirstCorpus]);
@@ -179,7 +187,8 @@ std::string kind_name(uint8_t kind) {
     return "unknown";
 }
 bool kind_has_depth(uint8_t kind) {
-    return kind < kFirstLookup || is_model_kind(kind) || is_lookup_output_kind(kind) || kind == kHead;
+    return kind < kFirstLookup || is_model_kind(kind) || is_lookup_output_kind(kind) || kind == kHead ||
+           kind == kLookupResync;
 }
 
 AcceptanceStats::AcceptanceStats() { clear(); }

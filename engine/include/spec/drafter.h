@@ -166,6 +166,13 @@ struct LookupParams {
     // (kind_lookup_substituted), and go on through it. A substituted node the target rejects
     // forgets its substitution.
     bool substitutions = true;
+    // With substitutions: while a long copy's break is not settled yet (the output has written at
+    // most kSubstitutionMaxNew tokens of its own since), a copy whose match is shorter than
+    // kSubstitutionMinMatch tokens gives way to the source where the broken copy left off: the
+    // nearest position at most kSubstitutionMaxOld tokens after the break whose preceding source
+    // token is the output's last token (kind_lookup_resync). The copy the output then follows goes
+    // on from there, as one through a substitution does, instead of from a new short match.
+    bool resync = true;
 };
 constexpr int32_t kSubstitutionMinMatch = 8;
 constexpr int32_t kSubstitutionMaxOld = 8;

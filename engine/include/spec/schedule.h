@@ -103,10 +103,17 @@ uint8_t kind_lookup_boundary(int32_t match_len);
 // `true` written `True`), and a later copy of the same stretch proposes the replacement. One kind;
 // the statistics learn how often the output repeats its replacements. 86.
 uint8_t kind_lookup_substituted();
+// The nodes of a copy resumed after a break (LookupParams::resync): a long copy broke a few
+// tokens ago, the output has not copied again yet, and its last token is the source's token a few
+// positions after the break (the end of a replaced stretch: `unique(` written `unique_sorted(`,
+// `(s):` written `(s: str):`); the proposal goes on with the source from there. One kind, keyed
+// by depth: a one-token key is a weak guess, and the statistics learn how often it holds and how
+// far such a copy then goes. 87.
+uint8_t kind_lookup_resync();
 bool is_model_kind(uint8_t kind);
 // A readable name of a node kind for reports: "lookup m4" (prompt lookup, match bucket from 4),
 // "pool m2", "lookup-output m3", "lookup-end", "contested", "model p0.7" (decile from 0.7),
-// "head", "corpus c0.9" (confidence bucket from 0.9), "lookup-boundary m17", "lookup-substituted",
+// "head", "corpus c0.9" (confidence bucket from 0.9), "lookup-boundary m17", "lookup-substituted", "lookup-resync",
 // "unknown".
 std::string kind_name(uint8_t kind);
 // Whether a node's acceptance is also keyed by its depth (draft-model and unknown nodes);
