@@ -114,7 +114,8 @@ def parse_methods(spec: str | Sequence[str], n_draft: int | None = None) -> list
     """'none,lookup:8,tree:16,beam:4x5,peer-pld' -> MethodSpecs. A ':K' suffix sets the draft
     length of chain, lookup, ouroboros, peer-pld and llama.cpp-draft, the node budget of tree, and
     beams x length of beam and redrafter; auto:no-head and auto:no-draft are auto without its draft
-    head or its draft model (the other auto: variants: AUTO_VARIANTS); n_draft is the length for chain-like methods given without one.
+    head or its draft model (the other auto: variants: AUTO_VARIANTS); n_draft is the length for
+    chain-like methods given without one.
     `none` is put first when missing: it is the reference for speedup and identity."""
     items = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
     available = available_methods()
