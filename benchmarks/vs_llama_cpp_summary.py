@@ -7,6 +7,8 @@ records, so reports written before a figure existed get it too.
     python benchmarks/vs_llama_cpp_summary.py benchmarks/results/vs_llama_cpp_*_clx.json
     # another pyspec label in auto's place (a bench run of `auto:no-corpus` beside `auto`)
     python benchmarks/vs_llama_cpp_summary.py --method auto:no-corpus benchmarks/results/vs_llama_cpp_mtbench_intel_settle.json
+    # one suite run in parts (`--suite 'longedit[10:20]'` after `--n 10`): one row over all prompts
+    python benchmarks/vs_llama_cpp_summary.py --merge part1.json part2.json
 
 The best mode of each prompt is the fastest of several noisy runs; where every mode decodes at
 about plain speed (chat, GSM8K) that maximum sits above any one mode's typical run. The suite's
@@ -22,6 +24,38 @@ import sys
 from pathlib import Path
 
 from pyspec.bench_report import runs_from_report, versus_best_llama_cpp, versus_best_suite_llama_cpp
+
+
+def merged(reports: list[dict]) -> dict:
+    """One report of a suite run in parts on disjoint prompts (`--suite 'SUITE[A:B]'`), with the
+    same methods and settings: the per-prompt records put together (the figures recomputed from
+    them; the parts' own figures are not carried). A part with other methods or settings, another
+    suite or a prompt already seen is an error."""
+    def base(suite: str) -> str:
+        return suite.split("[", 1)[0]
+
+    first = reports[0]
+    keys = ("target", "draft", "methods", "llama_cpp_modes", "max_tokens", "threads", "repack", "llama_cpp_repack",
+            "huge_pages", "ngram", "head", "settle_s", "repeats")
+    out = {key: first[key] for key in keys if key in first}
+    out["results"] = [{"method": r["method"], "per_prompt": list(r["per_prompt"])} for r in first["results"]]
+    seen = {x["prompt_id"] for x in first["results"][0]["per_prompt"]}
+    for report in reports[1:]:
+        if base(report["suite"]) != base(first["suite"]):
+            raise ValueError(f"cannot merge suite {report['suite']!r} into {first['suite']!r}")
+        for key in keys:
+            if report.get(key) != first.get(key):
+                raise ValueError(f"cannot merge reports that differ in {key}: "
+                                 f"{report.get(key)!r} vs {first.get(key)!r}")
+        ids = {x["prompt_id"] for x in report["results"][0]["per_prompt"]}
+        if ids & seen:
+            raise ValueError(f"prompts in more than one report: {', '.join(sorted(ids & seen))}")
+        seen |= ids
+        by_method = {r["method"]: r for r in report["results"]}
+        for r in out["results"]:
+            r["per_prompt"] += by_method[r["method"]]["per_prompt"]
+    out["suite"], out["n"] = base(first["suite"]), len(seen)
+    return out
 
 
 def summary_row(report: dict, name: str, method: str = "auto") -> str:
@@ -48,14 +82,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--method", default="auto",
                         help="the pyspec label compared (default auto; e.g. auto:no-corpus); a report without it "
                              "gets '-' in its columns")
+    parser.add_argument("--merge", action="store_true",
+                        help="the reports are parts of one suite run on disjoint prompts: one row over all of them")
     args = parser.parse_args(argv)
     m = args.method
+    reports = []
+    for path in args.reports:
+        with open(path, encoding="utf-8") as f:
+            reports.append((Path(path).stem, json.load(f)))
+    if args.merge:
+        try:
+            reports = [(" + ".join(name for name, _ in reports), merged([r for _, r in reports]))]
+        except ValueError as e:
+            parser.error(str(e))
     print(f"| report | suite | prompts | runs per prompt | {m} / best mode of each prompt | "
           f"{m} / the suite's best mode | none / llama.cpp plain | {m} / none |")
     print("|---|---|---|---|---|---|---|---|")
-    for path in args.reports:
-        with open(path, encoding="utf-8") as f:
-            print(summary_row(json.load(f), Path(path).stem, m))
+    for name, report in reports:
+        print(summary_row(report, name, m))
     return 0
 
 

@@ -461,3 +461,18 @@ def test_vs_llama_cpp_summary_script_picks_one_mode_for_the_suite() -> None:
     # without auto: its columns read "-"
     no_auto = {**report, "results": [r for r in report["results"] if r["method"] != "auto"]}
     assert module.summary_row(no_auto, "r").split(" | ")[4:8] == ["-", "-", "1.00x", "- |"]
+
+    # --merge: the same suite run in two parts on disjoint prompts reads as the whole run; parts
+    # that overlap, or differ in their methods or suite, are refused
+    def part(suite: str, first: int, last: int) -> dict:
+        return {**report, "suite": suite, "n": last - first, "methods": [r["method"] for r in report["results"]],
+                "results": [{**r, "per_prompt": r["per_prompt"][first:last]} for r in report["results"]]}
+    whole = module.merged([part("s", 0, 2), part("s[2:3]", 2, 3)])
+    assert (whole["suite"], whole["n"]) == ("s", 3)
+    assert module.summary_row(whole, "r").split(" | ")[1:8] == ["s", "3", "1"] + row[4:8]
+    with pytest.raises(ValueError, match="more than one report: s/1"):
+        module.merged([part("s", 0, 2), part("s[1:3]", 1, 3)])
+    with pytest.raises(ValueError, match="differ in methods"):
+        module.merged([part("s", 0, 2), {**part("s[2:3]", 2, 3), "methods": ["none"]}])
+    with pytest.raises(ValueError, match="cannot merge suite 't'"):
+        module.merged([part("s", 0, 2), part("t", 2, 3)])
