@@ -258,8 +258,12 @@ def test_costs_correct_themselves(tiny_target: str) -> None:
         assert state is not None and state.prior_ms[0] == 1000.0
         assert state.n_observed[0] == r.stats.n_target_calls == state.n_observed_total
         assert len(r.step_ms) == r.stats.n_target_calls and set(r.step_sizes) == {1}
-        recent = float(np.median(r.step_ms[-10:]))  # what a step costs now
-        assert 0.5 * recent < state.ms[0] < 2.0 * recent
+        # What a step costs now: the estimate weighs the last steps most (each moves it 0.3 of the
+        # way), so it lies within the range of the last eight (older ones keep 0.7^8 = 6% of the
+        # weight). Not the median of the last ten: stalled steps on a busy machine can put that
+        # median far from the estimate (seen once in a full run: 125 ms against 3.9 ms).
+        recent = np.asarray(r.step_ms[-8:])
+        assert 0.5 * recent.min() < state.ms[0] < 2.0 * recent.max()
         assert state.correction()[-1] == pytest.approx(state.correction()[0])  # k = 64: borrowed
         install(engine, linear(1000.0))
         assert engine.cost_model().n_observed_total == 0
