@@ -476,3 +476,30 @@ def test_vs_llama_cpp_summary_script_picks_one_mode_for_the_suite() -> None:
         module.merged([part("s", 0, 2), {**part("s[2:3]", 2, 3), "methods": ["none"]}])
     with pytest.raises(ValueError, match="cannot merge suite 't'"):
         module.merged([part("s", 0, 2), part("t", 2, 3)])
+
+
+def test_auto_replay_reads_the_prompts_of_a_sliced_suite(monkeypatch: pytest.MonkeyPatch) -> None:
+    """benchmarks/auto_replay.py --bench: a report of `--suite 'longedit[10:20]'` records that name;
+    the replay takes the slice's prompts (by the ids the report's runs carry), not the suite's first."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "auto_replay.py"
+    spec = importlib.util.spec_from_file_location("auto_replay", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    suite = [SimpleNamespace(id=f"s/{i}", messages=[{"role": "user", "content": f"prompt {i}"}]) for i in range(30)]
+    asked = []
+
+    def fake_load_suite(name: str, n: int | None = None) -> list:
+        asked.append((name, n))
+        return suite[:n]
+
+    monkeypatch.setattr(module, "load_suite", fake_load_suite)
+    engine = SimpleNamespace(prompt_tokens=lambda messages: [len(messages[0]["content"]), int(messages[0]["content"][7:])])
+    got = module.prompt_tokens(engine, "s[10:20]", 10)
+    assert asked == [("s", 20)]
+    assert list(got) == [f"s/{i}" for i in range(10, 20)] and got["s/12"] == [9, 12]
+    assert list(module.prompt_tokens(engine, "s", 3)) == ["s/0", "s/1", "s/2"]
+    with pytest.raises(ValueError, match="bad prompt slice"):
+        module.prompt_tokens(engine, "s[5:2]", 3)
