@@ -34,7 +34,8 @@ from typing import Any
 from pyspec import Engine, _core
 from pyspec import calibration
 from pyspec.config import GenerationConfig
-from pyspec.data import load_suite, parse_suite_slice
+from pyspec.bench import suite_prompts
+from pyspec.data import load_suite
 from pyspec.models import Cache
 
 TARGET = "qwen2.5-coder-1.5b-instruct"
@@ -65,11 +66,9 @@ def generated_runs(engine: Engine, suite: str, n: int, max_tokens: int) -> list[
 
 
 def prompt_tokens(engine: Engine, suite: str, n: int) -> dict[str, list[int]]:
-    """The prompts as `pyspec bench` feeds them: chat template applied, then tokenized. suite may
-    be a slice as `pyspec bench --suite` takes it ('longedit[10:20]'): n prompts from its start."""
-    name, start, _ = parse_suite_slice(suite)
-    prompts = load_suite(name, n=start + n)[start:]
-    return {str(p.id): engine.prompt_tokens(list(p.messages)) for p in prompts}
+    """The prompts as `pyspec bench` feeds them: chat template applied, then tokenized. suite is
+    what the bench recorded (SUITE or SUITE[A:B]), read as the bench reads it."""
+    return {str(p.id): engine.prompt_tokens(list(p.messages)) for p in suite_prompts(suite, n)[1]}
 
 
 def model_cost(curve: Any, sizes: list[int]) -> float:

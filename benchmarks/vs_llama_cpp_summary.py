@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from pyspec.bench_report import runs_from_report, versus_best_llama_cpp, versus_best_suite_llama_cpp
+from pyspec.data import parse_suite_slice
 
 
 def merged(reports: list[dict]) -> dict:
@@ -32,7 +33,7 @@ def merged(reports: list[dict]) -> dict:
     them; the parts' own figures are not carried). A part with other methods or settings, another
     suite or a prompt already seen is an error."""
     def base(suite: str) -> str:
-        return suite.split("[", 1)[0]
+        return parse_suite_slice(suite)[0]
 
     first = reports[0]
     keys = ("target", "draft", "methods", "llama_cpp_modes", "max_tokens", "threads", "repack", "llama_cpp_repack",

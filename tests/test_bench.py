@@ -6,6 +6,7 @@ import json
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -398,15 +399,20 @@ def test_repeats_start_from_what_auto_had_learnt_before_the_prompt(tiny_target: 
     assert per_prompt[1][0][1] > per_prompt[0][0][1]  # prompt 0's steps go on to prompt 1
 
 
+def _benchmark_script(name: str) -> Any:
+    """benchmarks/NAME.py loaded as a module (the scripts are not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_bench_repeats_script_compares_the_median_runs_with_each_repeat_alone() -> None:
     """benchmarks/bench_repeats.py: one noisy fast run of a llama.cpp mode sets 'the best mode' of
     a single repeat, not of the median runs."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_repeats.py"
-    spec = importlib.util.spec_from_file_location("bench_repeats", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _benchmark_script("bench_repeats")
 
     def method(name: str, rates: list[float]) -> dict:
         run = {"prompt_id": "s/0", "method": name, "n_prompt_tokens": 5, "n_generated": 8, "wall_s": 1.0,
@@ -433,12 +439,7 @@ def test_bench_repeats_script_compares_the_median_runs_with_each_repeat_alone() 
 def test_vs_llama_cpp_summary_script_picks_one_mode_for_the_suite() -> None:
     """benchmarks/vs_llama_cpp_summary.py: the suite's best mode is the one with the highest median
     over the prompts, not the fastest run of each prompt."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "vs_llama_cpp_summary.py"
-    spec = importlib.util.spec_from_file_location("vs_llama_cpp_summary", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _benchmark_script("vs_llama_cpp_summary")
 
     def method(name: str, rates: list[float]) -> dict:
         return {"method": name, "per_prompt": [
@@ -481,12 +482,7 @@ def test_vs_llama_cpp_summary_script_picks_one_mode_for_the_suite() -> None:
 def test_auto_replay_reads_the_prompts_of_a_sliced_suite(monkeypatch: pytest.MonkeyPatch) -> None:
     """benchmarks/auto_replay.py --bench: a report of `--suite 'longedit[10:20]'` records that name;
     the replay takes the slice's prompts (by the ids the report's runs carry), not the suite's first."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "auto_replay.py"
-    spec = importlib.util.spec_from_file_location("auto_replay", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _benchmark_script("auto_replay")
 
     suite = [SimpleNamespace(id=f"s/{i}", messages=[{"role": "user", "content": f"prompt {i}"}]) for i in range(30)]
     asked = []
@@ -495,11 +491,11 @@ def test_auto_replay_reads_the_prompts_of_a_sliced_suite(monkeypatch: pytest.Mon
         asked.append((name, n))
         return suite[:n]
 
-    monkeypatch.setattr(module, "load_suite", fake_load_suite)
+    monkeypatch.setattr("pyspec.data.load_suite", fake_load_suite)  # what pyspec.bench.suite_prompts reads
     engine = SimpleNamespace(prompt_tokens=lambda messages: [len(messages[0]["content"]), int(messages[0]["content"][7:])])
     got = module.prompt_tokens(engine, "s[10:20]", 10)
     assert asked == [("s", 20)]
     assert list(got) == [f"s/{i}" for i in range(10, 20)] and got["s/12"] == [9, 12]
-    assert list(module.prompt_tokens(engine, "s", 3)) == ["s/0", "s/1", "s/2"]
+    assert list(module.prompt_tokens(engine, "s", 3)) == ["s/0", "s/1", "s/2"] and asked[-1] == ("s", 3)
     with pytest.raises(ValueError, match="bad prompt slice"):
         module.prompt_tokens(engine, "s[5:2]", 3)
