@@ -52,6 +52,29 @@ def summarize(report: dict) -> list[str]:
               for r in runs.values() for x in r]
     lines.append(f"\nrun-to-run spread of one (prompt, method): median {statistics.median(spread):.1%} "
                  f"(standard deviation / mean over its {repeats} runs), largest {max(spread):.1%}")
+    lines.extend(plan_spread(runs))
+    return lines
+
+
+def plan_spread(runs: dict[str, list[PromptRun]]) -> list[str]:
+    """Per pyspec method (reports written before the bench kept each run's step counts have
+    none): on how many prompts its runs took different numbers of target calls, and the spread of
+    its speed against the spread of its target calls per prompt. Equal calls with unequal speed is
+    machine noise; a speed that follows the calls is the plan changing between runs."""
+    lines = []
+    for method, per_prompt in runs.items():
+        calls = [x.repeat_n_target_calls for x in per_prompt]
+        if not calls or any(c is None or None in c for c in calls):
+            continue
+        if not lines:
+            lines = ["", "| method | prompts whose runs differ in target calls | per prompt: target calls (tok/s) by run |",
+                     "|---|---|---|"]
+        differ = sum(len(set(c)) > 1 for c in calls)
+        detail = "; ".join(f"{x.prompt_id.split('/')[-1]}: "
+                           + ", ".join(f"{c} ({r:.1f})" for c, r in zip(x.repeat_n_target_calls,
+                                                                          x.repeat_decode_tokens_per_second))
+                           for x in per_prompt)
+        lines.append(f"| {method} | {differ} of {len(calls)} | {detail} |")
     return lines
 
 

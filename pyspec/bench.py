@@ -268,11 +268,12 @@ def run_bench(
     without the pause the run that follows a tool pays for it, with it no run does.
     repeats: runs of every method per prompt (the rotation goes on between them); the run with the
     median decode tok/s is kept (the lower middle one for an even count), its speeds of every run
-    in PromptRun.repeat_decode_tokens_per_second. Each repeat of a pyspec method starts from the
-    phrase pool it had before the prompt (never from its own earlier answer to it), and each
-    repeat from what auto had learnt before the prompt (acceptance statistics, cost corrections);
-    the kept run's pool goes on to the next prompt, and what the last repeat learnt. The median
-    damps one slow or fast run, and with it the advantage that "the best llama.cpp mode of each
+    in PromptRun.repeat_decode_tokens_per_second, their step counts in repeat_n_target_calls,
+    repeat_n_drafted and repeat_n_accepted. Each repeat of a pyspec method starts from the phrase
+    pool it had before the prompt (never from its own earlier answer to it), and each repeat from
+    what auto had learnt before the prompt (acceptance statistics, cost corrections); the kept
+    run's pool goes on to the next prompt, and what the last repeat learnt. The median damps one
+    slow or fast run, and with it the advantage that "the best llama.cpp mode of each
     prompt" (a maximum over several noisy runs) otherwise takes from noise alone.
     """
     from tqdm import tqdm
@@ -442,14 +443,16 @@ def _restore(snapshot: str | None, path: str) -> None:
 
 def _median_run(tries: list[PromptRun]) -> tuple[int, PromptRun]:
     """The index and record of the run with the median decode tok/s (wall tok/s where there is
-    none), the lower middle one of an even count; with more than one, every run's figure goes
-    along with it."""
+    none), the lower middle one of an even count; with more than one, every run's figure and step
+    counts go along with it."""
     def rate(x: PromptRun) -> float:
         return x.decode_tokens_per_second if x.decode_tokens_per_second is not None else x.tokens_per_second
     if len(tries) == 1:
         return 0, tries[0]
     k = sorted(range(len(tries)), key=lambda j: rate(tries[j]))[(len(tries) - 1) // 2]
-    return k, replace(tries[k], repeat_decode_tokens_per_second=[rate(x) for x in tries])
+    return k, replace(tries[k], repeat_decode_tokens_per_second=[rate(x) for x in tries],
+                      repeat_n_target_calls=[x.n_target_calls for x in tries],
+                      repeat_n_drafted=[x.n_drafted for x in tries], repeat_n_accepted=[x.n_accepted for x in tries])
 
 
 def _report(specs: list[MethodSpec], runs: dict[str, list[PromptRun]], skipped: dict[str, str], *, target: str,

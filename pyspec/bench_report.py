@@ -68,6 +68,11 @@ class PromptRun:
     # With bench's repeats > 1: decode tok/s (wall tok/s for peers without one) of every run of
     # this (prompt, method), in run order; this record is the run with the median one.
     repeat_decode_tokens_per_second: list[float] | None = None
+    # and, in the same order, each run's target calls, drafted and accepted tokens (None where the
+    # method does not report them): tells a method's plan changing between runs from machine noise.
+    repeat_n_target_calls: list[int | None] | None = None
+    repeat_n_drafted: list[int | None] | None = None
+    repeat_n_accepted: list[int | None] | None = None
 
 
 @dataclass

@@ -368,6 +368,11 @@ def test_repeats_keep_the_median_run_and_start_each_from_the_pool_before_the_pro
             rates = x.repeat_decode_tokens_per_second
             assert rates is not None and len(rates) == 3
             assert x.decode_tokens_per_second == sorted(rates)[1]  # the median run is the one kept
+            kept = rates.index(x.decode_tokens_per_second)  # and its step counts beside every run's
+            for field in ("n_target_calls", "n_drafted", "n_accepted"):
+                counts = getattr(x, "repeat_" + field)
+                assert len(counts) == 3 and all(isinstance(c, int) for c in counts), (field, counts)
+                assert counts[kept] == getattr(x, field)
             assert x.tokens == none[x.prompt_id]
 
 
@@ -426,6 +431,13 @@ def test_bench_repeats_script_compares_the_median_runs_with_each_repeat_alone() 
     assert rows["kept runs"] == ["1.09x", "1.00x", "1.20x"]  # 12 / 11, 10 / 10, 12 / 10
     assert rows["repeat 2 alone"] == ["0.86x", "0.71x", "1.20x"]  # 12 / 14, 10 / 14
     assert rows["repeat 1 alone"] == ["1.09x", "1.00x", "1.20x"]
+    assert not any("target calls" in line for line in module.summarize(report))  # no step counts kept
+    # With each run's step counts: the method whose calls differ between runs is told apart from noise.
+    for r, calls in zip(report["results"][:2], ([20, 20, 20], [9, 12, 9])):
+        r["per_prompt"][0]["repeat_n_target_calls"] = calls
+    rows = [line for line in module.summarize(report) if line.startswith(("| none |", "| auto |"))]
+    assert rows == ["| none | 0 of 1 | 0: 20 (10.0), 20 (10.0), 20 (10.0) |",
+                    "| auto | 1 of 1 | 0: 9 (12.0), 12 (12.0), 9 (12.0) |"], rows
     with pytest.raises(SystemExit, match="no repeats"):
         module.summarize({**report, "repeats": 1})
     # none and llama.cpp plain only (a run for `none`'s goal): the auto columns read "-"
