@@ -9,6 +9,8 @@ records, so reports written before a figure existed get it too.
     python benchmarks/vs_llama_cpp_summary.py --method auto:no-corpus benchmarks/results/vs_llama_cpp_mtbench_intel_settle.json
     # one suite run in parts (`--suite 'longedit[10:20]'` after `--n 10`): one row over all prompts
     python benchmarks/vs_llama_cpp_summary.py --merge part1.json part2.json
+    # parts run with different methods: only the methods every part ran
+    python benchmarks/vs_llama_cpp_summary.py --merge --common-methods part1.json part2.json
 
 The best mode of each prompt is the fastest of several noisy runs; where every mode decodes at
 about plain speed (chat, GSM8K) that maximum sits above any one mode's typical run. The suite's
@@ -27,14 +29,28 @@ from pyspec.bench_report import runs_from_report, versus_best_llama_cpp, versus_
 from pyspec.data import parse_suite_slice
 
 
-def merged(reports: list[dict]) -> dict:
+def common_methods(reports: list[dict]) -> tuple[list[str], list[str]]:
+    """The methods every report ran, in the first one's order, and the others (run by some)."""
+    methods = [r["method"] for r in reports[0]["results"]]
+    shared = [m for m in methods if all(m in {r["method"] for r in report["results"]} for report in reports)]
+    every = dict.fromkeys(r["method"] for report in reports for r in report["results"])
+    return shared, [m for m in every if m not in shared]
+
+
+def merged(reports: list[dict], common: bool = False) -> dict:
     """One report of a suite run in parts on disjoint prompts (`--suite 'SUITE[A:B]'`), with the
     same methods and settings: the per-prompt records put together (the figures recomputed from
     them; the parts' own figures are not carried). A part with other methods or settings, another
-    suite or a prompt already seen is an error."""
+    suite or a prompt already seen is an error. With common, parts may differ in their methods:
+    only the methods every part ran are kept (a best mode over fewer modes than a part had)."""
     def base(suite: str) -> str:
         return parse_suite_slice(suite)[0]
 
+    if common:
+        keep = set(common_methods(reports)[0])
+        reports = [{**report, "methods": [m for m in report.get("methods", []) if m in keep],
+                    "llama_cpp_modes": [m for m in report.get("llama_cpp_modes", []) if m in keep],
+                    "results": [r for r in report["results"] if r["method"] in keep]} for report in reports]
     first = reports[0]
     keys = ("target", "draft", "methods", "llama_cpp_modes", "max_tokens", "threads", "repack", "llama_cpp_repack",
             "huge_pages", "ngram", "head", "settle_s", "repeats")
@@ -85,17 +101,25 @@ def main(argv: list[str] | None = None) -> int:
                              "gets '-' in its columns")
     parser.add_argument("--merge", action="store_true",
                         help="the reports are parts of one suite run on disjoint prompts: one row over all of them")
+    parser.add_argument("--common-methods", action="store_true",
+                        help="with --merge: parts may differ in their methods; only those every part ran are kept "
+                             "(the ones left out are printed)")
     args = parser.parse_args(argv)
+    if args.common_methods and not args.merge:
+        parser.error("--common-methods goes with --merge")
     m = args.method
     reports = []
     for path in args.reports:
         with open(path, encoding="utf-8") as f:
             reports.append((Path(path).stem, json.load(f)))
     if args.merge:
+        left_out = common_methods([r for _, r in reports])[1] if args.common_methods else []
         try:
-            reports = [(" + ".join(name for name, _ in reports), merged([r for _, r in reports]))]
+            reports = [(" + ".join(name for name, _ in reports), merged([r for _, r in reports], args.common_methods))]
         except ValueError as e:
             parser.error(str(e))
+        if left_out:
+            print(f"left out (not run in every part): {', '.join(left_out)}\n")
     print(f"| report | suite | prompts | runs per prompt | {m} / best mode of each prompt | "
           f"{m} / the suite's best mode | none / llama.cpp plain | {m} / none |")
     print("|---|---|---|---|---|---|---|---|")

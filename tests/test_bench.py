@@ -489,6 +489,19 @@ def test_vs_llama_cpp_summary_script_picks_one_mode_for_the_suite() -> None:
         module.merged([part("s", 0, 2), {**part("s[2:3]", 2, 3), "methods": ["none"]}])
     with pytest.raises(ValueError, match="cannot merge suite 't'"):
         module.merged([part("s", 0, 2), part("t", 2, 3)])
+    # common: a part that also ran plain merges on the methods both ran; each prompt's best mode is
+    # then the best of the two n-gram modes (10, 13, 12 -> 12/10, 12/13, 12/12)
+    no_plain = part("s", 0, 2)
+    no_plain = {**no_plain, "methods": [x for x in no_plain["methods"] if x != "llama.cpp"],
+                "llama_cpp_modes": no_plain["llama_cpp_modes"][1:],
+                "results": [r for r in no_plain["results"] if r["method"] != "llama.cpp"]}
+    with pytest.raises(ValueError, match="differ in methods"):
+        module.merged([no_plain, part("s[2:3]", 2, 3)])
+    assert module.common_methods([no_plain, part("s[2:3]", 2, 3)])[1] == ["llama.cpp"]
+    whole = module.merged([no_plain, part("s[2:3]", 2, 3)], common=True)
+    assert whole["llama_cpp_modes"] == ["llama.cpp-ngram-mod", "llama.cpp-ngram-simple"]
+    # (both modes' medians are 10: the first in the report's order is the suite's best)
+    assert module.summary_row(whole, "r").split(" | ")[4:8] == ["1.00x", "1.20x (llama.cpp-ngram-mod)", "-", "1.09x |"]
 
 
 def test_auto_replay_reads_the_prompts_of_a_sliced_suite(monkeypatch: pytest.MonkeyPatch) -> None:
