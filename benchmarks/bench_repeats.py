@@ -70,7 +70,7 @@ def plan_spread(runs: dict[str, list[PromptRun]]) -> list[str]:
             lines = ["", "| method | prompts whose runs differ in target calls "
                      "| per prompt: target calls (tok/s) by run |", "|---|---|---|"]
         differ = sum(len(set(c)) > 1 for c in calls)
-        detail = "; ".join(f"{x.prompt_id.split('/')[-1]}: " + ", ".join(
+        detail = "; ".join(f"{x.prompt_id}: " + ", ".join(
             f"{c} ({r:.1f})" for c, r in zip(x.repeat_n_target_calls, x.repeat_decode_tokens_per_second))
             for x in per_prompt)
         lines.append(f"| {method} | {differ} of {len(calls)} | {detail} |")

@@ -436,8 +436,8 @@ def test_bench_repeats_script_compares_the_median_runs_with_each_repeat_alone() 
     for r, calls in zip(report["results"][:2], ([20, 20, 20], [9, 12, 9])):
         r["per_prompt"][0]["repeat_n_target_calls"] = calls
     rows = [line for line in module.summarize(report) if line.startswith(("| none |", "| auto |"))]
-    assert rows == ["| none | 0 of 1 | 0: 20 (10.0), 20 (10.0), 20 (10.0) |",
-                    "| auto | 1 of 1 | 0: 9 (12.0), 12 (12.0), 9 (12.0) |"], rows
+    assert rows == ["| none | 0 of 1 | s/0: 20 (10.0), 20 (10.0), 20 (10.0) |",
+                    "| auto | 1 of 1 | s/0: 9 (12.0), 12 (12.0), 9 (12.0) |"], rows
     with pytest.raises(SystemExit, match="no repeats"):
         module.summarize({**report, "repeats": 1})
     # none and llama.cpp plain only (a run for `none`'s goal): the auto columns read "-"
