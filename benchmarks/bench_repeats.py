@@ -58,22 +58,22 @@ def summarize(report: dict) -> list[str]:
 
 def plan_spread(runs: dict[str, list[PromptRun]]) -> list[str]:
     """Per pyspec method (reports written before the bench kept each run's step counts have
-    none): on how many prompts its runs took different numbers of target calls, and the spread of
-    its speed against the spread of its target calls per prompt. Equal calls with unequal speed is
-    machine noise; a speed that follows the calls is the plan changing between runs."""
+    none): each run's target calls, drafted tokens and speed per prompt, and on how many prompts
+    the runs' steps differ. Runs with the same steps at unequal speeds show the machine's noise; a
+    speed that follows the steps, the plan changing between runs."""
     lines = []
     for method, per_prompt in runs.items():
-        calls = [x.repeat_n_target_calls for x in per_prompt]
-        if not calls or any(c is None or None in c for c in calls):
+        steps = [list(zip(x.repeat_n_target_calls or [None], x.repeat_n_drafted or [None])) for x in per_prompt]
+        if any(None in s for run in steps for s in run):
             continue
         if not lines:
-            lines = ["", "| method | prompts whose runs differ in target calls "
-                     "| per prompt: target calls (tok/s) by run |", "|---|---|---|"]
-        differ = sum(len(set(c)) > 1 for c in calls)
+            lines = ["", "| method | prompts whose runs differ in steps "
+                     "| per prompt: target calls / drafted tokens (tok/s) by run |", "|---|---|---|"]
+        differ = sum(len(set(run)) > 1 for run in steps)
         detail = "; ".join(f"{x.prompt_id}: " + ", ".join(
-            f"{c} ({r:.1f})" for c, r in zip(x.repeat_n_target_calls, x.repeat_decode_tokens_per_second))
-            for x in per_prompt)
-        lines.append(f"| {method} | {differ} of {len(calls)} | {detail} |")
+            f"{c} / {d} ({r:.1f})" for (c, d), r in zip(run, x.repeat_decode_tokens_per_second))
+            for x, run in zip(per_prompt, steps))
+        lines.append(f"| {method} | {differ} of {len(steps)} | {detail} |")
     return lines
 
 

@@ -432,12 +432,13 @@ def test_bench_repeats_script_compares_the_median_runs_with_each_repeat_alone() 
     assert rows["repeat 2 alone"] == ["0.86x", "0.71x", "1.20x"]  # 12 / 14, 10 / 14
     assert rows["repeat 1 alone"] == ["1.09x", "1.00x", "1.20x"]
     assert not any("target calls" in line for line in module.summarize(report))  # no step counts kept
-    # With each run's step counts: the method whose calls differ between runs is told apart from noise.
-    for r, calls in zip(report["results"][:2], ([20, 20, 20], [9, 12, 9])):
-        r["per_prompt"][0]["repeat_n_target_calls"] = calls
+    # With each run's step counts: a method whose steps differ between runs (auto: in its drafted
+    # tokens, with the same target calls) is told apart from one whose steps do not.
+    for r, calls, drafted in zip(report["results"][:2], ([20, 20, 20], [9, 9, 9]), ([0, 0, 0], [30, 30, 41])):
+        r["per_prompt"][0].update(repeat_n_target_calls=calls, repeat_n_drafted=drafted)
     rows = [line for line in module.summarize(report) if line.startswith(("| none |", "| auto |"))]
-    assert rows == ["| none | 0 of 1 | s/0: 20 (10.0), 20 (10.0), 20 (10.0) |",
-                    "| auto | 1 of 1 | s/0: 9 (12.0), 12 (12.0), 9 (12.0) |"], rows
+    assert rows == ["| none | 0 of 1 | s/0: 20 / 0 (10.0), 20 / 0 (10.0), 20 / 0 (10.0) |",
+                    "| auto | 1 of 1 | s/0: 9 / 30 (12.0), 9 / 30 (12.0), 9 / 41 (12.0) |"], rows
     with pytest.raises(SystemExit, match="no repeats"):
         module.summarize({**report, "repeats": 1})
     # none and llama.cpp plain only (a run for `none`'s goal): the auto columns read "-"
