@@ -537,7 +537,6 @@ def test_calibration_at_a_context(engine: pyspec.Engine) -> None:
         calibration.measure(engine, None, repeats=1, progress=False, context=0)
 
 
-
 def test_timing_decodes_with_every_or_the_last_logits_row_installs_nothing(engine: pyspec.Engine) -> None:
     # benchmarks/logit_rows_cost.py: the calibration timer with a logits row for every token or
     # only for the last one, leaving the installed curve as it was.
@@ -549,6 +548,7 @@ def test_timing_decodes_with_every_or_the_last_logits_row_installs_nothing(engin
     assert list(engine._core.cost(False, "").ms) == before
     with pytest.raises(pyspec.InvalidArgumentError, match="calibration context must be >= 1, got 0"):
         engine._core.time_decodes([1], 1, False, 0)
+
 
 def test_replay_charges_the_actual_curve() -> None:
     # Planned from a flat curve, a certain copy is drafted 64 deep every step. Charged a curve
