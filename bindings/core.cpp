@@ -209,7 +209,8 @@ NB_MODULE(_core, m) {
         .def_rw("use_head", &spec::AutoParams::use_head)
         .def_rw("use_corpus", &spec::AutoParams::use_corpus)
         .def_rw("corpus_max_depth", &spec::AutoParams::corpus_max_depth)
-        .def_rw("corpus_min_total", &spec::AutoParams::corpus_min_total);
+        .def_rw("corpus_min_total", &spec::AutoParams::corpus_min_total)
+        .def_rw("check_history", &spec::AutoParams::check_history);
 
     nb::class_<spec::CostCurve>(m, "CostCurve")
         .def(nb::init<>())

@@ -69,6 +69,7 @@ public:
         chain_.reset();  // the draft model's cache is filled the first time it drafts
         model_synced_ = 0;
         scorer_.clear();
+        if (params_.check_history) acceptance_.begin_request();
     }
 
     void draft(const DraftRequest& request, Draft& out) override {
@@ -149,6 +150,7 @@ public:
 
     void end(const std::vector<int32_t>& committed) override {
         scorer_.score(committed);
+        acceptance_.end_request();
         lookup_->end(committed);
     }
 

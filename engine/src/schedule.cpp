@@ -117,6 +117,9 @@ bool is_lookup_output_kind(int32_t kind) {
 
 bool is_boundary_kind(int32_t kind) { return kind >= kFirstBoundary && kind < kFirstBoundary + kMatchBuckets; }
 
+// The history's log-odds stay within this, so that a long request in one stream can still turn.
+constexpr double kMaxLogOdds = 8.0;
+
 double prior_mean(int32_t kind) {
     if (kind == kLookupContested) return kContestedPrior;
     if (is_model_kind(uint8_t(kind))) return (kind - kFirstModel + 0.5) / kModelKinds;
@@ -143,6 +146,11 @@ double prior_mean(int32_t kind) {
 int32_t depth_cell(int32_t kind, int32_t depth) {
     return kind_has_depth(uint8_t(kind)) ? std::clamp(depth, 0, kKindDepths - 1) : 0;
 }
+
+// Whether a kind's prior is a measured acceptance rate (context matches, the corpus), so that
+// outcomes against it tell a fresh stream from the history; the draft model's and the head's
+// are optimistic on purpose.
+bool measured_prior(int32_t kind) { return kind != kKindUnknown && !is_model_kind(uint8_t(kind)) && kind != kHead; }
 
 }  // namespace
 
@@ -198,17 +206,53 @@ void AcceptanceStats::clear() {
         for (int32_t d = 0; d < kKindDepths; ++d) hits_[k][d] = tries_[k][d] = 0.0;
     }
     model_hits_ = model_tries_ = 0.0;
+    in_request_ = false;
+}
+
+void AcceptanceStats::begin_request() {
+    for (int32_t k = 0; k < kNumKinds; ++k) {
+        for (int32_t d = 0; d < kKindDepths; ++d) request_hits_[k][d] = request_tries_[k][d] = 0.0;
+    }
+    history_log_odds_ = std::log(kHistoryPrior / (1.0 - kHistoryPrior));
+    in_request_ = true;
+}
+
+void AcceptanceStats::end_request() { in_request_ = false; }
+
+double AcceptanceStats::history_weight() const {
+    return in_request_ ? 1.0 / (1.0 + std::exp(-history_log_odds_)) : 1.0;
+}
+
+double AcceptanceStats::counts_estimate(int32_t k, int32_t d) const {
+    return (hits_[k][d] + kPriorWeight * prior_mean(k)) / (tries_[k][d] + kPriorWeight);
+}
+
+double AcceptanceStats::request_estimate(int32_t k, int32_t d) const {
+    return (request_hits_[k][d] + kPriorWeight * prior_mean(k)) / (request_tries_[k][d] + kPriorWeight);
 }
 
 double AcceptanceStats::estimate(uint8_t kind, int32_t depth) const {
     const int32_t k = kind < kNumKinds ? kind : 0;
     const int32_t d = depth_cell(k, depth);
-    return (hits_[k][d] + kPriorWeight * prior_mean(k)) / (tries_[k][d] + kPriorWeight);
+    const double history = counts_estimate(k, d);
+    if (!in_request_ || !measured_prior(k)) return history;
+    const double fresh = request_estimate(k, d);
+    const double w = history_weight();
+    return w * history + (1.0 - w) * fresh;
 }
 
 void AcceptanceStats::record(uint8_t kind, int32_t depth, bool accepted) {
     const int32_t k = kind < kNumKinds ? kind : 0;
     const int32_t d = depth_cell(k, depth);
+    if (in_request_ && measured_prior(k)) {
+        // How each account predicted this outcome, before taking it in.
+        const double history = counts_estimate(k, d);
+        const double fresh = request_estimate(k, d);
+        history_log_odds_ += accepted ? std::log(history / fresh) : std::log((1.0 - history) / (1.0 - fresh));
+        history_log_odds_ = std::clamp(history_log_odds_, -kMaxLogOdds, kMaxLogOdds);
+        request_hits_[k][d] += accepted ? 1.0 : 0.0;
+        request_tries_[k][d] += 1.0;
+    }
     hits_[k][d] += accepted ? 1.0 : 0.0;
     tries_[k][d] += 1.0;
     if (tries_[k][d] >= kHalfLife) {

@@ -1,6 +1,7 @@
 // The auto scheduler's pure parts: cost curves, acceptance statistics (including scoring a
 // proposal against what was committed), the planner's choices on hand-computed cases, pruning a
 // tree, and one-draw verification of deterministic candidates. No model.
+#include <cmath>
 #include <cstdio>
 #include <vector>
 
@@ -97,6 +98,56 @@ void test_acceptance_stats() {
     CHECK(s.estimate(kind_model(0.55f), 2) < 0.05);
     s.clear();
     CHECK_NEAR(s.estimate(kind_model(0.55f), 2), 0.55, 1e-12);
+}
+
+// Within a request, the history (every earlier request's counts) competes with the priors alone,
+// both updated with the request's own outcomes; estimate() mixes them by how well each predicted
+// those outcomes.
+void test_request_history_weight() {
+    const uint8_t copy = kind_lookup(4);  // prior 4 / 6
+    const double prior = 4.0 / 6.0;
+    AcceptanceStats s;
+    // A stream where such copies go on: 40 accepted across earlier requests.
+    for (int i = 0; i < 40; ++i) s.record(copy, 0, true);
+    const double history = (40 + 2 * prior) / 42.0;
+    CHECK_NEAR(s.estimate(copy, 0), history, 1e-12);  // outside a request: the counts alone
+    CHECK_NEAR(s.history_weight(), 1.0, 1e-12);
+
+    s.begin_request();
+    const double w0 = AcceptanceStats::kHistoryPrior;
+    CHECK_NEAR(s.history_weight(), w0, 1e-12);
+    CHECK_NEAR(s.estimate(copy, 0), w0 * history + (1 - w0) * prior, 1e-12);
+    // The draft model's and the head's kinds (optimistic priors) are not mixed.
+    CHECK_NEAR(s.estimate(kind_model(0.55f), 0), 0.55, 1e-12);
+    // The same stream: acceptances, which the history predicted better, raise its weight.
+    s.record(copy, 0, true);
+    const double odds = w0 / (1 - w0) * (history / prior);
+    CHECK_NEAR(s.history_weight(), odds / (1 + odds), 1e-12);
+    const double w1 = s.history_weight();
+    for (int i = 0; i < 5; ++i) s.record(copy, 0, true);
+    CHECK(s.history_weight() > w1 && s.history_weight() > 0.95);
+    s.end_request();
+
+    // Another stream: rejections. Within a few the request is planned from the priors and its
+    // own outcomes, where the counts alone would still expect the copies to go on.
+    s.begin_request();
+    for (int i = 0; i < 3; ++i) s.record(copy, 0, false);
+    CHECK(s.history_weight() < 0.01);
+    const double counts = (46 + 2 * prior) / 51.0;  // what the estimate was before: 46 of 49 tries accepted
+    const double fresh = (0 + 2 * prior) / 5.0;
+    CHECK(counts > 0.9);
+    CHECK(std::fabs(s.estimate(copy, 0) - fresh) < 0.01);
+    // Other context-match kinds follow at once: the weight is one for the whole request.
+    CHECK(std::fabs(s.estimate(kind_lookup(8), 0) - 0.8) < 0.01);
+    s.end_request();
+    CHECK(s.estimate(copy, 0) > 0.85);  // and after the request, the counts alone again
+
+    // A fresh engine: the history is the request's own outcomes, so nothing changes.
+    AcceptanceStats t;
+    t.begin_request();
+    for (int i = 0; i < 4; ++i) t.record(copy, 0, i % 2 == 0);
+    CHECK_NEAR(t.history_weight(), w0, 1e-9);
+    CHECK_NEAR(t.estimate(copy, 0), (2 + 2 * prior) / 6.0, 1e-12);
 }
 
 void test_record_outcome() {
@@ -372,6 +423,7 @@ int main() {
     test_cost_curve();
     test_kinds();
     test_acceptance_stats();
+    test_request_history_weight();
     test_record_outcome();
     test_proposal_scorer();
     test_boundary_kinds();

@@ -256,6 +256,12 @@ struct AutoParams {
     bool use_corpus = true;
     int32_t corpus_max_depth = 8;
     int32_t corpus_min_total = 10;
+    // Within a request, weigh the acceptance statistics of the earlier requests against the
+    // priors alone by how well each predicts the request's own outcomes
+    // (AcceptanceStats::begin_request), so that a change of stream (chat after code) is planned
+    // as a fresh engine would plan it; false: the earlier requests' counts alone, as before (for
+    // comparisons, benchmarks/auto_streams.py).
+    bool check_history = true;
 };
 
 // Throws InvalidArgumentError naming the bad field.
