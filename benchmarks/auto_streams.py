@@ -5,15 +5,16 @@ outputs, without the model (`_core.replay_auto`, see benchmarks/auto_replay.py f
 models and leaves out).
 
     python benchmarks/auto_streams.py          # the recorded Zen 4 outputs below
-    python benchmarks/auto_streams.py --per-prompt
+    python benchmarks/auto_streams.py --alone --per-prompt
 
 For each stream FIRST -> THEN: every FIRST request is replayed, then every THEN request in turn,
 statistics carried across them as in one engine (phrase pool off, so that no request copies an
 earlier one's answer); each THEN request's modelled speed is divided by a fresh engine's on the
 same request (a replay of it alone), and the geometric mean of those ratios is printed, over all
 of THEN's requests and over its first three (the start of the new stream, where the change
-costs most). Then per suite, as `pyspec bench` runs it: every request in turn, modelled `auto` /
-`none` (geometric mean). Modelled speed: each step charged the cached calibration's time of its
+costs most); with --alone, also each THEN request replayed right after FIRST's alone. Then per
+suite, as `pyspec bench` runs it: every request in turn, modelled `auto` / `none` (geometric
+mean), beside a fresh engine per request. Modelled speed: each step charged the cached calibration's time of its
 size (`pyspec calibrate`).
 """
 
@@ -44,6 +45,8 @@ STREAMS = [("humaneval", "mtbench"), ("humaneval", "gsm8k"), ("edit", "longedit"
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--per-prompt", action="store_true", help="each THEN request's ratio to a fresh engine")
+    ap.add_argument("--alone", action="store_true",
+                    help="also each THEN request alone right after FIRST's requests (the first of a new stream)")
     args = ap.parse_args()
 
     engine = Engine(TARGET, n_ctx=4096, n_threads=2)
@@ -83,9 +86,18 @@ def main() -> int:
             if args.per_prompt:
                 print(f"    {'checked' if check else 'counts alone'}: " + " ".join(f"{x:.2f}" for x in ratios))
         print(f"  {first:>9} -> {then:<9} " + ";  ".join(row))
-    print("one suite in turn, as pyspec bench runs it: modelled auto / none (geometric mean)")
+        if args.alone:  # each THEN request right after FIRST's, none of THEN's before it
+            alone = []
+            for check in (False, True):
+                ratios = [speed(replay(requests[first] + [r], check)[-1][0], r[1]) / f
+                          for r, f in zip(requests[then], fresh[then])]
+                alone.append(f"{'checked' if check else 'counts alone'} {statistics.geometric_mean(ratios):.3f} "
+                             f"(worst {min(ratios):.2f})")
+            print(f"  {'each alone after it':>22} " + ";  ".join(alone))
+    print("one suite in turn, as pyspec bench runs it: modelled auto / none (geometric mean), and with a fresh "
+          "engine per request")
     for name, reqs in requests.items():
-        row = []
+        row = [f"fresh {statistics.geometric_mean(fresh[name]) / (1e3 / curve.at(1)):.3f}"]
         for check in (False, True):
             steps = replay(reqs, check)
             ratios = [speed(s[0], r[1]) / (1e3 / curve.at(1)) for s, r in zip(steps, reqs)]

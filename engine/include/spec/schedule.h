@@ -160,11 +160,11 @@ public:
     // One request's evidence about its own stream. The counts above span requests, so an engine
     // that served code and then gets a chat question plans with what code taught it: copies of
     // short matches go on nearly always in code and mostly do not in chat, and each match
-    // length is a cell of its own that unlearns alone, a few tries per request (live, in one
-    // engine on the Zen 4: MT-Bench answers after 12 HumanEval prompts at 0.58-1.00x plain
-    // decoding's speed, where a fresh engine ran them at 0.95-0.99x). So within a request two
-    // accounts of the stream compete: the counts of every request so far, and the priors alone
-    // (a fresh engine's view); both take in the request's own outcomes as they come. Each
+    // length is a cell of its own that unlearns alone, a few tries per request (replayed on the
+    // recorded Zen 4 outputs, benchmarks/auto_streams.py: MT-Bench and GSM8K requests right after
+    // the HumanEval suite at 0.83x and 0.74x of a fresh engine's modelled speed). So within a
+    // request two accounts of the stream compete: the counts of every request so far, and the
+    // priors alone (a fresh engine's view); both take in the request's own outcomes. Each
     // outcome of a node kind with measured priors (context matches and the corpus; not the draft
     // model's or the head's optimistic ones) adds to the log-odds that the earlier requests'
     // counts describe this stream, and estimate() is the two estimates mixed by those odds,
