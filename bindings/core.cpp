@@ -5,6 +5,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/function.h>
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
@@ -261,6 +262,8 @@ NB_MODULE(_core, m) {
     m.def("ngram_key", [](const std::vector<int32_t>& context) {
         return spec::ngram_key(context.data(), int32_t(context.size()));
     }, "context"_a, "The n-gram table key of a context (spec/ngram_table.h), for tests and tools.");
+    m.attr("NUM_KINDS") = spec::kNumKinds;
+    m.attr("KIND_DEPTHS") = spec::kKindDepths;
     m.def("kind_name", [](int32_t kind) { return spec::kind_name(uint8_t(std::clamp(kind, 0, 255))); }, "kind"_a);
 
     nb::class_<spec::DraftPlan>(m, "DraftPlan")
@@ -650,6 +653,10 @@ NB_MODULE(_core, m) {
              "corrections, the head's record.")
         .def("restore_learnt", &spec::Engine::restore_learnt, "state"_a,
              "Puts a copy from learnt() back (the head's part only if the same head is loaded).")
+        .def("acceptance_counts", &spec::Engine::acceptance_counts,
+             "Method auto's acceptance statistics as counts per statistics key (AcceptanceStats::counts).")
+        .def("set_acceptance_counts", &spec::Engine::set_acceptance_counts, "counts"_a,
+             "Replaces auto's acceptance statistics by counts from acceptance_counts(); checks them all first.")
         .def("system_info", [](spec::Engine&) { return spec::backend_description(); })
         .def("close", &spec::Engine::close, nb::call_guard<nb::gil_scoped_release>());
 }

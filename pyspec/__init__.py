@@ -24,6 +24,7 @@ from .errors import (
     NgramFileError,
     PoolFileError,
     SpecError,
+    StatsFileError,
     VocabMismatchError,
 )
 from .results import GenerationResult, GenerationStats, StreamChunk, TokenLogprobs, Trace
@@ -55,4 +56,5 @@ __all__ = [
     "HeadFileError",
     "HeadMismatchError",
     "NgramFileError",
+    "StatsFileError",
 ]

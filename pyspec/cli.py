@@ -59,12 +59,46 @@ def _read_prompt(args: argparse.Namespace) -> str:
         return f.read()
 
 
+def _stats_path(args: argparse.Namespace, engine: Any) -> Any:
+    """The acceptance statistics file a command keeps for method auto (--stats-file), loaded
+    now; None when off (the default) or the method is not auto. A missing file starts fresh; a
+    bad cached file ('default') is reported and replaced; a bad file the user named is an error."""
+    from pathlib import Path
+
+    from . import acceptance
+    from .errors import StatsFileError
+
+    if args.stats_file is None or getattr(args, "method", "auto") != "auto":
+        return None
+    default = args.stats_file == "default"
+    path = acceptance.default_path(engine) if default else Path(args.stats_file).expanduser()
+    if path.exists():
+        try:
+            n = acceptance.load(engine, path)
+            logging.getLogger("pyspec").info("auto's acceptance statistics: %d sets loaded from %s", n, path)
+        except StatsFileError as exc:
+            if not default:
+                raise
+            print(f"pyspec: ignoring the cached acceptance statistics ({exc}); starting afresh", file=sys.stderr)
+    return path
+
+
+def add_stats_option(p: argparse.ArgumentParser) -> None:
+    """--stats-file: method auto's acceptance statistics kept across runs (pyspec.acceptance)."""
+    p.add_argument("--stats-file", default=None, metavar="PATH",
+                   help="keep what method auto learnt of its drafts' acceptance across runs in PATH ('default': a "
+                        "file per target model in the cache): loaded before, saved after. Faster on requests "
+                        "like the earlier ones, slower on the first of another kind; off by default")
+
+
 def _cmd_generate(args: argparse.Namespace) -> int:
+    from . import acceptance
     from .engine import Engine
 
     prompt_text = _read_prompt(args)
     with Engine(args.target, draft=args.draft, n_ctx=args.n_ctx, n_threads=args.threads,
                 n_gpu_layers=args.n_gpu_layers, head=args.head, ngram=args.ngram, **engine_options(args)) as engine:
+        stats_path = _stats_path(args, engine)
         prompt: Any = [{"role": "user", "content": prompt_text}] if args.chat else prompt_text
         kwargs = dict(
             max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
@@ -79,6 +113,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         )
         if args.json:
             result = engine.generate(prompt, **kwargs)
+            if stats_path is not None:
+                acceptance.save(engine, stats_path)
             print(json.dumps(result.to_dict(), ensure_ascii=False))
             return 0
         stream = engine.stream(prompt, **kwargs)
@@ -87,6 +123,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             sys.stdout.flush()
         result = stream.result
         assert result is not None
+        if stats_path is not None:
+            acceptance.save(engine, stats_path)
         s = result.stats
         print(file=sys.stdout)
         print(
@@ -151,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generation_args(gen)
     add_engine_options(gen)
     add_ngram_option(gen)
+    add_stats_option(gen)
     gen.set_defaults(handler=_cmd_generate)
 
     from . import bench, calibration, demo, data, distill, models, ngram, serve

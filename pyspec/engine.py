@@ -490,6 +490,26 @@ class Engine:
     def clear_pool(self) -> None:
         self._core.clear_pool()
 
+    # -- method auto's acceptance statistics ----------------------------------------------------
+
+    def save_stats(self, path: str | os.PathLike[str]) -> None:
+        """Writes what method auto has learnt of how often each kind of draft node is accepted to
+        `path` (JSON, atomically), for a later engine's load_stats (pyspec.acceptance). Between
+        generations."""
+        from . import acceptance
+
+        acceptance.save(self, path)
+
+    def load_stats(self, path: str | os.PathLike[str]) -> None:
+        """Replaces auto's acceptance statistics by a file from save_stats: the engine then plans as
+        the requests that taught them left it (each request still checks them against its own
+        outcomes). StatsFileError for a missing or bad file or another target model; the
+        statistics are then unchanged. The draft model's node counts are kept only for a slot
+        holding a model of the same kind. Between generations."""
+        from . import acceptance
+
+        acceptance.load(self, path)
+
     # -- cost curves (method "auto") -----------------------------------------------------------
 
     def calibrate(self, *, force: bool = False, repeats: int = 3, progress: bool | None = None

@@ -43,6 +43,11 @@ class HeadMismatchError(SpecError, ValueError):
     """A draft head was trained for another target; the message names the first difference."""
 
 
+class StatsFileError(SpecError, OSError):
+    """A file of auto's acceptance statistics is unreadable, of another format or node-kind layout, or
+    was saved for another target model."""
+
+
 class NgramFileError(SpecError, OSError):
     """An n-gram table file is missing, truncated, corrupt, of another format, or for another vocabulary."""
 
@@ -59,4 +64,5 @@ __all__ = [
     "HeadFileError",
     "HeadMismatchError",
     "NgramFileError",
+    "StatsFileError",
 ]

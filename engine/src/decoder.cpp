@@ -528,6 +528,28 @@ void Engine::restore_learnt(const Learnt& state) {
     }
 }
 
+std::map<std::string, std::vector<double>> Engine::acceptance_counts() const {
+    check_open();
+    std::lock_guard<std::mutex> lock(drafts_mutex_);
+    std::map<std::string, std::vector<double>> out;
+    for (const auto& [key, stats] : acceptance_) out[key] = stats.counts();
+    return out;
+}
+
+void Engine::set_acceptance_counts(const std::map<std::string, std::vector<double>>& counts) {
+    check_open();
+    std::map<std::string, AcceptanceStats> fresh;
+    for (const auto& [key, values] : counts) {
+        try {
+            fresh[key].set_counts(values);
+        } catch (const InvalidArgumentError& e) {
+            throw InvalidArgumentError("statistics key '" + key + "': " + e.what());
+        }
+    }
+    std::lock_guard<std::mutex> lock(drafts_mutex_);
+    acceptance_ = std::move(fresh);
+}
+
 CostCurve Engine::draft_cost(const std::string& name) const {
     std::lock_guard<std::mutex> lock(drafts_mutex_);
     const auto it = drafts_.find(name);

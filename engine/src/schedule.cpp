@@ -219,6 +219,49 @@ void AcceptanceStats::begin_request() {
 
 void AcceptanceStats::end_request() { in_request_ = false; }
 
+std::vector<double> AcceptanceStats::counts() const {
+    std::vector<double> out;
+    out.reserve(kCountsSize);
+    for (const auto* table : {&hits_, &tries_}) {
+        for (int32_t k = 0; k < kNumKinds; ++k) out.insert(out.end(), (*table)[k], (*table)[k] + kKindDepths);
+    }
+    out.push_back(model_hits_);
+    out.push_back(model_tries_);
+    return out;
+}
+
+void AcceptanceStats::set_counts(const std::vector<double>& counts) {
+    if (counts.size() != kCountsSize) {
+        throw InvalidArgumentError("acceptance counts: expected " + std::to_string(kCountsSize) + " values, got " +
+                                   std::to_string(counts.size()));
+    }
+    const size_t n_cells = size_t(kNumKinds * kKindDepths);
+    for (size_t i = 0; i < counts.size(); ++i) {
+        if (!std::isfinite(counts[i]) || counts[i] < 0.0) {
+            throw InvalidArgumentError("acceptance counts: value " + std::to_string(i) + " is " +
+                                       std::to_string(counts[i]) + ", not a finite count >= 0");
+        }
+    }
+    const auto more_hits = [](double hits, double tries) { return hits > tries * (1.0 + 1e-9) + 1e-9; };
+    for (size_t i = 0; i < n_cells; ++i) {
+        if (more_hits(counts[i], counts[n_cells + i])) {
+            throw InvalidArgumentError("acceptance counts: cell " + std::to_string(i) + " has more hits than tries");
+        }
+    }
+    if (more_hits(counts[2 * n_cells], counts[2 * n_cells + 1])) {
+        throw InvalidArgumentError("acceptance counts: the draft model has more hits than tries");
+    }
+    for (int32_t k = 0; k < kNumKinds; ++k) {
+        for (int32_t d = 0; d < kKindDepths; ++d) {
+            hits_[k][d] = counts[size_t(k * kKindDepths + d)];
+            tries_[k][d] = counts[n_cells + size_t(k * kKindDepths + d)];
+        }
+    }
+    model_hits_ = counts[2 * n_cells];
+    model_tries_ = counts[2 * n_cells + 1];
+    in_request_ = false;
+}
+
 double AcceptanceStats::history_weight() const {
     return in_request_ ? 1.0 / (1.0 + std::exp(-history_log_odds_)) : 1.0;
 }

@@ -272,6 +272,13 @@ public:
     };
     Learnt learnt() const;
     void restore_learnt(const Learnt& state);
+    // Method auto's acceptance statistics alone, as plain counts per statistics key (the draft
+    // slot's name, plus a line naming lookup settings that give the kinds other meanings;
+    // AcceptanceStats::counts), to keep across processes. set_acceptance_counts replaces every
+    // key's statistics by the given ones (keys not given start empty), after checking them all:
+    // on an error nothing changes. Between generations only.
+    std::map<std::string, std::vector<double>> acceptance_counts() const;
+    void set_acceptance_counts(const std::map<std::string, std::vector<double>>& counts);
 
     // Frees the models (a pool or target still held by a caller goes when that caller lets go);
     // any later call throws ClosedError.

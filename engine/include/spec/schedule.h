@@ -178,6 +178,15 @@ public:
     // P(the earlier requests' counts describe this request's stream), 1 outside a request.
     double history_weight() const;
 
+    // The counts, to keep them across processes (Engine::acceptance_counts): hits, then tries,
+    // of every (kind, depth) cell, kind-major, then the draft model's hits and tries.
+    static constexpr size_t kCountsSize = size_t(2 * kNumKinds * kKindDepths + 2);
+    std::vector<double> counts() const;
+    // Replaces the counts (outside a request) with what counts() gave; throws
+    // InvalidArgumentError naming the first bad value (another size, not finite, negative, more
+    // hits than tries) and leaves the statistics unchanged.
+    void set_counts(const std::vector<double>& counts);
+
 private:
     double counts_estimate(int32_t kind, int32_t d) const;   // from every request's counts
     double request_estimate(int32_t kind, int32_t d) const;  // from the priors and this request's
