@@ -2,7 +2,7 @@
 pyspec engine core (C++ on llama.cpp). Use the pyspec package, not this module.
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Annotated, overload
 
 import numpy
@@ -364,6 +364,10 @@ def ngram_key(context: Sequence[int]) -> int:
     """
     The n-gram table key of a context (spec/ngram_table.h), for tests and tools.
     """
+
+NUM_KINDS: int = 96
+
+KIND_DEPTHS: int = 8
 
 def kind_name(kind: int) -> str: ...
 
@@ -890,6 +894,16 @@ class Engine:
     def restore_learnt(self, state: Learnt) -> None:
         """
         Puts a copy from learnt() back (the head's part only if the same head is loaded).
+        """
+
+    def acceptance_counts(self) -> dict[str, list[float]]:
+        """
+        Method auto's acceptance statistics as counts per statistics key (AcceptanceStats::counts).
+        """
+
+    def set_acceptance_counts(self, counts: Mapping[str, Sequence[float]]) -> None:
+        """
+        Replaces auto's acceptance statistics by counts from acceptance_counts(); checks them all first.
         """
 
     def system_info(self) -> str: ...
