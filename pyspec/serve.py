@@ -56,6 +56,9 @@ def register_cli(sub: Any) -> None:
                       help="phrases the pool keeps at most, the least recently useful evicted beyond it (default "
                            "65536, at most about 13 MB when full: the server's memory grows by up to that much "
                            "while the pool fills)")
+    p.add_argument("--stats-file", default=None, metavar="PATH",
+                   help="keep method auto's acceptance statistics in this file across restarts (loaded at start, "
+                        "saved at shutdown; an unreadable file is moved aside and auto starts afresh)")
     online = p.add_argument_group("online distillation (needs the train extra: PyTorch)")
     online.add_argument("--online", action="store_true",
                         help="distil the draft from the served traffic and hot-reload it (pyspec.online)")
@@ -109,7 +112,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         target=args.target, draft=args.draft, model_name=args.model_name, n_ctx=args.n_ctx, n_batch=args.n_batch,
         n_threads=args.threads, n_gpu_layers=args.n_gpu_layers, seed=args.seed,
         prefix_cache=not args.no_prefix_cache, pool_capacity=args.pool_capacity, defaults=defaults,
-        pool_file=args.pool_file,
+        pool_file=args.pool_file, stats_file=args.stats_file,
         pool_save_interval_s=args.pool_save_interval, online=online, ngram=args.ngram, **engine_options(args),
     )
     level = logging.getLogger().getEffectiveLevel()

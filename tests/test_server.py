@@ -307,6 +307,33 @@ def test_restart_keeps_the_pool_and_a_bad_pool_file_is_set_aside(tiny_target: st
     assert pool_file.read_bytes() != b"not a pool file at all"  # a valid pool was saved over it
 
 
+def test_restart_keeps_auto_statistics_and_a_bad_file_is_set_aside(tiny_target: str, tmp_path: Path) -> None:
+    stats_file = tmp_path / "stats.json"
+    args = ("--target", tiny_target, "--model-name", "tiny", "--n-ctx", "512", "--threads", "1",
+            "--stats-file", str(stats_file))
+    first = ServerProcess(*args, log_path=tmp_path / "first.log")
+    try:
+        c = openai.OpenAI(base_url=first.base_url + "/v1", api_key="unused", max_retries=0)
+        for i in range(3):
+            c.completions.create(model="tiny", prompt=f"for item in range({i}):\n    print(item)\n", max_tokens=16,
+                                 extra_body={"method": "auto"}, **GREEDY)
+    finally:
+        assert first.stop() == 0, first.log()
+    saved = json.loads(stats_file.read_text(encoding="utf-8"))
+    assert saved["stats"] and any(sum(v) > 0 for v in saved["stats"].values())
+    second = ServerProcess(*args, log_path=tmp_path / "second.log")
+    assert second.stop() == 0, second.log()
+    assert "loaded auto's acceptance statistics" in second.log()
+    assert json.loads(stats_file.read_text(encoding="utf-8"))["stats"] == saved["stats"]  # kept as loaded
+    stats_file.write_text("{not statistics", encoding="utf-8")
+    third = ServerProcess(*args, log_path=tmp_path / "third.log")
+    assert third.stop() == 0, third.log()
+    assert "cannot be used" in third.log()
+    aside = list(tmp_path.glob("stats.json.unreadable-*"))
+    assert len(aside) == 1 and aside[0].read_text(encoding="utf-8") == "{not statistics"
+    assert json.loads(stats_file.read_text(encoding="utf-8"))["format"] == 1  # a valid file saved over it
+
+
 def tie_free_prompt(engine: pyspec.Engine, candidates: list[str], n_tokens: int, min_gap: float = 0.01) -> str:
     """The first candidate whose greedy continuation keeps a top-2 logit gap >= min_gap everywhere
     (batched and one-token logits of the tiny f32 models differ by < 1e-3: spec/model.h)."""

@@ -8,9 +8,11 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -20,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..config import GenerationConfig
 from ..engine import Engine
-from ..errors import ContextOverflowError, EngineClosedError, InvalidArgumentError
+from ..errors import ContextOverflowError, EngineClosedError, InvalidArgumentError, StatsFileError
 from ..results import GenerationResult, StreamChunk
 from . import protocol
 from .metrics import ServerMetrics
@@ -54,6 +56,8 @@ class ServerSettings:
     defaults: GenerationConfig = field(default_factory=lambda: GenerationConfig(temperature=1.0))
     pool_file: str | None = None
     pool_save_interval_s: float = 60.0
+    # method auto's acceptance statistics across restarts: loaded at start, saved at shutdown
+    stats_file: str | None = None
     online: OnlineSettings | None = None  # None: the draft stays as loaded
 
 
@@ -100,6 +104,8 @@ def _start(settings: ServerSettings, engine: Engine | None) -> ServerState:
         pool = PoolKeeper(engine, settings.pool_file, settings.pool_save_interval_s, metrics)
         pool.load()
         pool.start()
+    if settings.stats_file:
+        _load_stats(engine, Path(settings.stats_file))
     online = OnlineLoop(engine, settings.online) if settings.online is not None else None
 
     def observe(job: Job, result: GenerationResult | None, error: BaseException | None, waited: float) -> None:
@@ -107,8 +113,6 @@ def _start(settings: ServerSettings, engine: Engine | None) -> ServerState:
             metrics.add_generation(result, waited)
             if online is not None and result.finish_reason != "cancelled":
                 online.submit(result)
-
-    from pathlib import Path
 
     name = settings.model_name or Path(engine.target_path).name.removesuffix(".gguf")
     log.info("serving %s (draft: %s)", name, engine.draft_path)
@@ -122,7 +126,33 @@ def _stop(state: ServerState) -> None:
         state.online.close()
     if state.pool is not None:
         state.pool.close()
+    if state.settings.stats_file:  # no generation runs any more: the statistics hold still
+        try:
+            state.engine.save_stats(state.settings.stats_file)
+            log.info("saved auto's acceptance statistics to %s", state.settings.stats_file)
+        except StatsFileError as exc:
+            log.error("could not save auto's acceptance statistics: %s", exc)
     state.engine.close()
+
+
+def _load_stats(engine: Engine, path: Path) -> None:
+    """--stats-file at start: a missing file starts afresh; an unreadable one is reported and moved
+    aside (never a failed start), and the statistics are saved to `path` at shutdown."""
+    if not path.exists():
+        log.info("statistics file %s does not exist yet: auto starts afresh", path)
+        return
+    try:
+        engine.load_stats(path)
+    except StatsFileError as exc:
+        aside = path.with_name(f"{path.name}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}")
+        try:
+            os.replace(path, aside)
+            log.error("statistics file %s cannot be used (%s); moved it to %s, auto starts afresh", path, exc, aside)
+        except OSError as move_error:
+            log.error("statistics file %s cannot be used (%s) nor moved aside (%s); auto starts afresh and "
+                      "it will be overwritten at shutdown", path, exc, move_error)
+        return
+    log.info("loaded auto's acceptance statistics from %s", path)
 
 
 # -- errors ------------------------------------------------------------------------------------
