@@ -4,7 +4,10 @@ later engine, so that a one-shot `pyspec generate` plans its first request as th
 taught it instead of from the priors alone (on the recorded Zen 4 outputs, replayed: a fresh engine
 models 1.65x plain decoding on HumanEval and 2.09x on edit, the suites in turn 1.81x and 2.24x;
 benchmarks/auto_streams.py). Within each request the engine checks the loaded history against the
-request's own outcomes, so statistics learnt on one kind of request do not hold back another.
+request's own outcomes, but until the request has outcomes it plans with the history: measured
+one-shot on the Zen 4, kept statistics learnt on HumanEval ran HumanEval prompts at 1.07x a fresh
+engine and MT-Bench prompts at 0.92-0.96x (benchmarks/stats_file_live.py, docs/results-speed.md),
+so `pyspec generate` keeps them only when asked (--stats-file).
 
 The file is keyed to the target model (its cost signature: tensor types and shapes) and to the
 engine's node-kind layout; the draft model's own kinds are kept only for a draft slot holding a

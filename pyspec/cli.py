@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
 from typing import Any, Sequence
 
 from .errors import SpecError
@@ -59,12 +60,10 @@ def _read_prompt(args: argparse.Namespace) -> str:
         return f.read()
 
 
-def _stats_path(args: argparse.Namespace, engine: Any) -> Any:
+def _stats_path(args: argparse.Namespace, engine: Any) -> Path | None:
     """The acceptance statistics file a command keeps for method auto (--stats-file), loaded
     now; None when off (the default) or the method is not auto. A missing file starts fresh; a
     bad cached file ('default') is reported and replaced; a bad file the user named is an error."""
-    from pathlib import Path
-
     from . import acceptance
     from .errors import StatsFileError
 
@@ -79,7 +78,8 @@ def _stats_path(args: argparse.Namespace, engine: Any) -> Any:
         except StatsFileError as exc:
             if not default:
                 raise
-            print(f"pyspec: ignoring the cached acceptance statistics ({exc}); starting afresh", file=sys.stderr)
+            print(f"pyspec: ignoring the cached acceptance statistics ({exc}); starting afresh, the file will "
+                  "be replaced", file=sys.stderr)
     return path
 
 

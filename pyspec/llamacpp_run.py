@@ -140,9 +140,9 @@ def parse_completion(stdout: bytes, stderr: str, max_tokens: int) -> ToolRun:
     decode = _search(rf"\beval time =\s*{_NUMBER} ms /\s*(\d+) runs\s*\(\s*{_NUMBER} ms per token,\s*{_NUMBER} "
                      r"tokens per second\)", stderr, COMPLETION, "eval time")
     total = _search(rf"total time =\s*{_NUMBER} ms", stderr, COMPLETION, "total time")
-    if not stdout.endswith(b"\n\n"):
-        raise LlamaCppToolsError(f"{COMPLETION}: its output does not end with the blank line it prints after the "
-                                 f"text (it ends with {stdout[-40:]!r})")
+    if not stdout.endswith(b"\n\n"):  # lost at exit as the log lines can be: run again
+        raise IncompleteOutput(f"{COMPLETION}: its output does not end with the blank line it prints after the "
+                               f"text (it ends with {stdout[-40:]!r})")
     body = stdout[:-2]
     stopped = body.endswith(END_OF_TEXT)
     if stopped:
@@ -169,9 +169,12 @@ def parse_speculative(stdout: bytes, stderr: str, prompt: bytes, max_tokens: int
     drafted = _search(r"n_drafted\s*=\s*(\d+)", stderr, SPECULATIVE, "n_drafted")
     accepted = _search(r"n_accept\s*=\s*(\d+)", stderr, SPECULATIVE, "n_accept")
     head = b"\n\n" + prompt
-    if not stdout.startswith(head) or not stdout.endswith(b"\n\n"):
+    if not stdout.startswith(head):
         raise LlamaCppToolsError(f"{SPECULATIVE}: its output is not blank line + prompt + text + blank line (the "
                                  "prompt it echoed differs from the one given?)")
+    if not stdout.endswith(b"\n\n"):  # both blank lines lost at exit, or more: run again
+        raise IncompleteOutput(f"{SPECULATIVE}: its output does not end with the blank line after the text "
+                               f"(it ends with {stdout[-40:]!r})")
     body = stdout[len(head):]
     body = body[:-4] if body.endswith(b"\n\n\n\n") else body[:-2]
     n_generated = int(decoded.group(1))
