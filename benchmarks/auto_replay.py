@@ -71,6 +71,14 @@ def prompt_tokens(engine: Engine, suite: str, n: int) -> dict[str, list[int]]:
     return {str(p.id): engine.prompt_tokens(list(p.messages)) for p in suite_prompts(suite, n)[1]}
 
 
+def target_calibration(engine: Engine) -> calibration.CostCurve:
+    """The cached calibration of the engine's target (what the replay charges and plans with)."""
+    curve = calibration.load_cached(calibration.cache_key(engine, None))
+    if curve is None:
+        raise SystemExit("no cached calibration for the target: run `pyspec calibrate` on a quiet machine first")
+    return curve
+
+
 def model_cost(curve: Any, sizes: list[int]) -> float:
     return sum(curve.at(k) for k in sizes)
 
@@ -134,9 +142,7 @@ def main() -> int:
     args = ap.parse_args()
 
     engine = Engine(TARGET, n_ctx=4096, n_threads=2)
-    curve = calibration.load_cached(calibration.cache_key(engine, None))
-    if curve is None:
-        raise SystemExit("no cached calibration for the target: run `pyspec calibrate` on a quiet machine first")
+    curve = target_calibration(engine)
     core_curve = curve._core()
     actual = curve
     if args.actual_curve:

@@ -26,8 +26,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from auto_replay import TARGET, model_cost, prompt_tokens, recorded_runs
-from pyspec import Engine, _core, calibration
+from auto_replay import TARGET, model_cost, prompt_tokens, recorded_runs, target_calibration
+from pyspec import Engine, _core
 from pyspec.config import GenerationConfig
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -50,11 +50,9 @@ def main() -> int:
     args = ap.parse_args()
 
     engine = Engine(TARGET, n_ctx=4096, n_threads=2)
-    cached = calibration.load_cached(calibration.cache_key(engine, None))
-    if cached is None:
-        raise SystemExit("no cached calibration for the target: run `pyspec calibrate` on a quiet machine first")
-    curve = cached._core()
-    lookup, pool = GenerationConfig(method="auto").to_core().lookup, GenerationConfig(method="auto").to_core().pool
+    curve = target_calibration(engine)._core()
+    core = GenerationConfig(method="auto").to_core()
+    lookup, pool = core.lookup, core.pool
     lookup.stop_tokens = engine._core.control_tokens()  # as the engine
     lookup.blank_line_tokens, lookup.unit_start_tokens = engine._core.layout_tokens()
     schedulers = {}
