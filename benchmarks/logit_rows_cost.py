@@ -3,9 +3,10 @@ token (as the target verifying a draft needs them) against one with only the las
 a draft model drafting, or a prompt pass, or `llama-bench`'s pp test, compute it).
 
 The output matrix (151,936 x 1,536 for the Qwen2.5 targets, Q6_K in the Q4_K_M files; the pinned
-llama.cpp's ggml-cpu/repack.cpp repacks Q6_K only for ARM, not on x86) is applied to every row that asks for logits, so a verification step of
-k tokens costs more than a prompt batch of k tokens; `llama-bench`'s pp figures are therefore a
-lower bound on the engine's cost curve, not the curve. llama.cpp's own speculative tools need
+llama.cpp's ggml-cpu/repack.cpp repacks Q6_K only for ARM, not on x86) is applied to every row
+that asks for logits, so a verification step of k tokens costs more than a prompt batch of k
+tokens; `llama-bench`'s pp figures are therefore a lower bound on the engine's cost curve, not
+the curve. llama.cpp's own speculative tools need
 every row too, so this is a cost both sides pay.
 
 Both kinds are timed by the engine's calibration timer on the one loaded target

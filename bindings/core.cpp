@@ -656,7 +656,9 @@ NB_MODULE(_core, m) {
         .def("acceptance_counts", &spec::Engine::acceptance_counts,
              "Method auto's acceptance statistics as counts per statistics key (AcceptanceStats::counts).")
         .def("set_acceptance_counts", &spec::Engine::set_acceptance_counts, "counts"_a,
-             "Replaces auto's acceptance statistics by counts from acceptance_counts(); checks them all first.")
+             "without_model"_a = std::vector<std::string>{},
+             "Replaces auto's acceptance statistics by counts from acceptance_counts(); checks them all first. "
+             "The keys in without_model lose their draft model's counts.")
         .def("system_info", [](spec::Engine&) { return spec::backend_description(); })
         .def("close", &spec::Engine::close, nb::call_guard<nb::gil_scoped_release>());
 }

@@ -901,9 +901,9 @@ class Engine:
         Method auto's acceptance statistics as counts per statistics key (AcceptanceStats::counts).
         """
 
-    def set_acceptance_counts(self, counts: Mapping[str, Sequence[float]]) -> None:
+    def set_acceptance_counts(self, counts: Mapping[str, Sequence[float]], without_model: Sequence[str] = []) -> None:
         """
-        Replaces auto's acceptance statistics by counts from acceptance_counts(); checks them all first.
+        Replaces auto's acceptance statistics by counts from acceptance_counts(); checks them all first. The keys in without_model lose their draft model's counts.
         """
 
     def system_info(self) -> str: ...

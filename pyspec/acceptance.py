@@ -2,7 +2,7 @@
 kind of draft node is accepted (spec/schedule.h, AcceptanceStats), saved as JSON and loaded into a
 later engine, so that a one-shot `pyspec generate` plans its first request as the previous ones
 taught it instead of from the priors alone (on the recorded Zen 4 outputs, replayed: a fresh engine
-models 1.65x plain decoding on HumanEval and 2.09x on edit, the suites in turn 1.81x and 2.24x;
+models 1.65x plain decoding on HumanEval and 2.09x on edit, the suites in turn 1.80x and 2.22x;
 benchmarks/auto_streams.py). Within each request the engine checks the loaded history against the
 request's own outcomes, but until the request has outcomes it plans with the history: measured
 one-shot on the Zen 4, kept statistics learnt on HumanEval ran HumanEval prompts at 1.07x a fresh
@@ -95,26 +95,18 @@ def load(engine: "Engine", path: str | os.PathLike[str]) -> int:
     stats, drafts = data.get("stats"), data.get("drafts")
     if not isinstance(stats, dict) or not isinstance(drafts, dict):
         raise StatsFileError(f"{path}: 'stats' and 'drafts' must be objects")
-    model_cells = _model_cells()
     counts: dict[str, list[float]] = {}
+    other_draft = []  # keys whose draft-model counts were learnt with another draft
     for key, values in stats.items():
         if not isinstance(values, list) or not all(isinstance(v, (int, float)) for v in values):
             raise StatsFileError(f"{path}: statistics {key!r} are not a list of numbers")
+        counts[key] = [float(v) for v in values]
         slot = key.split("\n", 1)[0]
-        same_draft = slot in engine.draft_paths and drafts.get(slot) == _signature(engine, slot)
-        counts[key] = [0.0 if (i in model_cells and not same_draft) else float(v) for i, v in enumerate(values)]
+        if slot not in engine.draft_paths or drafts.get(slot) != _signature(engine, slot):
+            other_draft.append(key)
     try:
-        engine._core.set_acceptance_counts(counts)
+        engine._core.set_acceptance_counts(counts, other_draft)
     except InvalidArgumentError as exc:
         raise StatsFileError(f"{path}: {exc}") from exc
     return len(counts)
 
-
-def _model_cells() -> set[int]:
-    """Positions of the draft model's counts in AcceptanceStats::counts: its kinds' hits and tries
-    at every depth, and the model-wide hits and tries at the end."""
-    n_cells = _core.NUM_KINDS * _core.KIND_DEPTHS
-    model_kinds = [k for k in range(_core.NUM_KINDS) if _core.kind_name(k).startswith("model ")]
-    cells = {part * n_cells + k * _core.KIND_DEPTHS + d
-             for part in (0, 1) for k in model_kinds for d in range(_core.KIND_DEPTHS)}
-    return cells | {2 * n_cells, 2 * n_cells + 1}

@@ -67,7 +67,7 @@ def _stats_path(args: argparse.Namespace, engine: Any) -> Path | None:
     from . import acceptance
     from .errors import StatsFileError
 
-    if args.stats_file is None or getattr(args, "method", "auto") != "auto":
+    if args.stats_file is None or args.method != "auto":
         return None
     default = args.stats_file == "default"
     path = acceptance.default_path(engine) if default else Path(args.stats_file).expanduser()

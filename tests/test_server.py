@@ -303,7 +303,7 @@ def test_restart_keeps_the_pool_and_a_bad_pool_file_is_set_aside(tiny_target: st
         assert 0 < third.metric("pyspec_pool_phrases") <= 3
     finally:
         assert third.stop() == 0, third.log()
-    assert "cannot be read" in third.log()
+    assert "cannot be used" in third.log()
     assert pool_file.read_bytes() != b"not a pool file at all"  # a valid pool was saved over it
 
 

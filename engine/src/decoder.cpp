@@ -536,7 +536,8 @@ std::map<std::string, std::vector<double>> Engine::acceptance_counts() const {
     return out;
 }
 
-void Engine::set_acceptance_counts(const std::map<std::string, std::vector<double>>& counts) {
+void Engine::set_acceptance_counts(const std::map<std::string, std::vector<double>>& counts,
+                                   const std::vector<std::string>& without_model) {
     check_open();
     std::map<std::string, AcceptanceStats> fresh;
     for (const auto& [key, values] : counts) {
@@ -545,6 +546,9 @@ void Engine::set_acceptance_counts(const std::map<std::string, std::vector<doubl
         } catch (const InvalidArgumentError& e) {
             throw InvalidArgumentError("statistics key '" + key + "': " + e.what());
         }
+    }
+    for (const std::string& key : without_model) {
+        if (const auto it = fresh.find(key); it != fresh.end()) it->second.clear_model();
     }
     std::lock_guard<std::mutex> lock(drafts_mutex_);
     acceptance_ = std::move(fresh);

@@ -262,6 +262,14 @@ void AcceptanceStats::set_counts(const std::vector<double>& counts) {
     in_request_ = false;
 }
 
+void AcceptanceStats::clear_model() {
+    for (int32_t k = 0; k < kNumKinds; ++k) {
+        if (!is_model_kind(uint8_t(k))) continue;
+        for (int32_t d = 0; d < kKindDepths; ++d) hits_[k][d] = tries_[k][d] = 0.0;
+    }
+    model_hits_ = model_tries_ = 0.0;
+}
+
 double AcceptanceStats::history_weight() const {
     return in_request_ ? 1.0 / (1.0 + std::exp(-history_log_odds_)) : 1.0;
 }

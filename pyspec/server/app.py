@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ from ..results import GenerationResult, StreamChunk
 from . import protocol
 from .metrics import ServerMetrics
 from .online import OnlineLoop, OnlineSettings
-from .pool_file import PoolKeeper
+from .pool_file import PoolKeeper, set_aside
 from .protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
 from .queue import STREAM_END, GenerationQueue, Job, JobCancelled
 
@@ -144,13 +143,7 @@ def _load_stats(engine: Engine, path: Path) -> None:
     try:
         engine.load_stats(path)
     except StatsFileError as exc:
-        aside = path.with_name(f"{path.name}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}")
-        try:
-            os.replace(path, aside)
-            log.error("statistics file %s cannot be used (%s); moved it to %s, auto starts afresh", path, exc, aside)
-        except OSError as move_error:
-            log.error("statistics file %s cannot be used (%s) nor moved aside (%s); auto starts afresh and "
-                      "it will be overwritten at shutdown", path, exc, move_error)
+        set_aside(path, "statistics file", exc, "auto starts afresh")
         return
     log.info("loaded auto's acceptance statistics from %s", path)
 

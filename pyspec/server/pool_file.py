@@ -21,6 +21,21 @@ _CHANGE_KEYS = ("size", "n_inserted", "n_refreshed", "n_merged", "n_evicted", "n
                 "n_phrases_accepted")
 
 
+def set_aside(path: Path, what: str, error: Exception, afterwards: str) -> Path | None:
+    """Moves a file the server cannot use at start to PATH.unreadable-<time>, so that nothing is
+    lost when the server later saves over PATH, and logs it: `what` names the file, `afterwards`
+    what the server does instead. Returns where it went, or None when it could not be moved."""
+    aside = path.with_name(f"{path.name}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}")
+    try:
+        os.replace(path, aside)
+    except OSError as move_error:
+        log.error("%s %s cannot be used (%s) nor moved aside (%s); %s, and it will be overwritten", what, path,
+                  error, move_error, afterwards)
+        return None
+    log.error("%s %s cannot be used (%s); moved it to %s, %s", what, path, error, aside, afterwards)
+    return aside
+
+
 class PoolKeeper:
     def __init__(self, engine: Engine, path: str | os.PathLike[str], interval_s: float,
                  metrics: ServerMetrics) -> None:
@@ -45,15 +60,7 @@ class PoolKeeper:
             self.engine.load_pool(self.path)
         except (PoolFileError, VocabMismatchError, OSError) as exc:
             self.metrics.bump("pool_file_errors")
-            aside = self.path.with_name(f"{self.path.name}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}")
-            try:
-                os.replace(self.path, aside)
-                self.set_aside = aside
-                log.error("pool file %s cannot be read (%s); moved it to %s and started with an empty pool",
-                          self.path, exc, aside)
-            except OSError as move_error:
-                log.error("pool file %s cannot be read (%s) nor moved aside (%s); started with an empty pool; "
-                          "it will be overwritten at the next save", self.path, exc, move_error)
+            self.set_aside = set_aside(self.path, "pool file", exc, "started with an empty pool")
             return
         self._saved_state = self._state()
         log.info("loaded %d phrases from %s", self.engine.pool_stats()["size"], self.path)

@@ -148,6 +148,22 @@ void test_request_history_weight() {
     for (int i = 0; i < 4; ++i) t.record(copy, 0, i % 2 == 0);
     CHECK_NEAR(t.history_weight(), w0, 1e-9);
     CHECK_NEAR(t.estimate(copy, 0), (2 + 2 * prior) / 6.0, 1e-12);
+    t.end_request();
+
+    // Counts out and back in; clear_model forgets the draft model's alone.
+    for (int i = 0; i < 4; ++i) t.record(kind_model(0.55f), 1, true);
+    AcceptanceStats u;
+    u.set_counts(t.counts());
+    CHECK(u.counts() == t.counts());
+    CHECK_NEAR(u.estimate(kind_model(0.55f), 1), (4 + 2 * 0.55) / 6.0, 1e-12);
+    u.clear_model();
+    CHECK_NEAR(u.estimate(kind_model(0.55f), 1), 0.55, 1e-12);
+    CHECK_NEAR(u.model_acceptance(), AcceptanceStats::kModelPrior, 1e-12);
+    CHECK_NEAR(u.estimate(copy, 0), (2 + 2 * prior) / 6.0, 1e-12);
+    std::vector<double> bad = t.counts();
+    bad[0] = bad[kNumKinds * kKindDepths] + 1.0;  // more hits than tries
+    CHECK(throws_invalid([&] { u.set_counts(bad); }, "more hits than tries"));
+    CHECK(throws_invalid([&] { u.set_counts({1.0}); }, "expected"));
 }
 
 void test_record_outcome() {

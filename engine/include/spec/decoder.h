@@ -276,9 +276,11 @@ public:
     // slot's name, plus a line naming lookup settings that give the kinds other meanings;
     // AcceptanceStats::counts), to keep across processes. set_acceptance_counts replaces every
     // key's statistics by the given ones (keys not given start empty), after checking them all:
-    // on an error nothing changes. Between generations only.
+    // on an error nothing changes; the keys in without_model lose their draft model's counts
+    // (AcceptanceStats::clear_model: learnt with another draft). Between generations only.
     std::map<std::string, std::vector<double>> acceptance_counts() const;
-    void set_acceptance_counts(const std::map<std::string, std::vector<double>>& counts);
+    void set_acceptance_counts(const std::map<std::string, std::vector<double>>& counts,
+                               const std::vector<std::string>& without_model = {});
 
     // Frees the models (a pool or target still held by a caller goes when that caller lets go);
     // any later call throws ClosedError.

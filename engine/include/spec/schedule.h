@@ -186,6 +186,9 @@ public:
     // InvalidArgumentError naming the first bad value (another size, not finite, negative, more
     // hits than tries) and leaves the statistics unchanged.
     void set_counts(const std::vector<double>& counts);
+    // Forgets the draft model's counts (its kinds at every depth and its totals), keeping the
+    // rest: statistics learnt with another draft model.
+    void clear_model();
 
 private:
     double counts_estimate(int32_t kind, int32_t d) const;   // from every request's counts
