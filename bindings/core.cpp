@@ -461,7 +461,7 @@ NB_MODULE(_core, m) {
         .def("__init__", [](spec::Engine* self, const std::string& target, const std::string& draft, int32_t n_ctx,
                             int32_t n_batch, int32_t n_threads, int32_t n_gpu_layers, int32_t n_seq_max, bool use_extra_bufts, uint64_t seed,
                             bool reuse_prefix, std::optional<size_t> pool_capacity, bool repack_weights,
-                            bool huge_pages) {
+                            bool huge_pages, bool flash_attn) {
             spec::EngineParams params;
             params.model.n_ctx = n_ctx;
             params.model.n_batch = n_batch;
@@ -471,12 +471,14 @@ NB_MODULE(_core, m) {
             params.model.use_extra_bufts = use_extra_bufts;
             params.model.repack_weights = repack_weights;
             params.model.huge_pages = huge_pages;
+            params.model.flash_attn = flash_attn;
             params.model.reuse_prefix = reuse_prefix;
             params.seed = seed;
             if (pool_capacity) params.pool.capacity = *pool_capacity;  // else the engine's default
             new (self) spec::Engine(target, draft, params);
         }, "target"_a, "draft"_a, "n_ctx"_a, "n_batch"_a, "n_threads"_a, "n_gpu_layers"_a, "n_seq_max"_a, "use_extra_bufts"_a, "seed"_a,
-           "reuse_prefix"_a = true, "pool_capacity"_a.none() = nb::none(), "repack_weights"_a = false, "huge_pages"_a = true, nb::call_guard<nb::gil_scoped_release>())
+           "reuse_prefix"_a = true, "pool_capacity"_a.none() = nb::none(), "repack_weights"_a = false, "huge_pages"_a = true,
+           "flash_attn"_a = false, nb::call_guard<nb::gil_scoped_release>())
         .def("generate", [](spec::Engine& engine, const std::vector<int32_t>& prompt, const spec::GenerateParams& params,
                             nb::object on_text, spec::GenerateResult* partial) {
             // Without on_text the callback still runs Python's signal handlers, so that Ctrl-C

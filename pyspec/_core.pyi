@@ -765,7 +765,7 @@ class Learnt:
         """steps the target's cost corrections had seen"""
 
 class Engine:
-    def __init__(self, target: str, draft: str, n_ctx: int, n_batch: int, n_threads: int, n_gpu_layers: int, n_seq_max: int, use_extra_bufts: bool, seed: int, reuse_prefix: bool = True, pool_capacity: int | None = None, repack_weights: bool = False, huge_pages: bool = True) -> None: ...
+    def __init__(self, target: str, draft: str, n_ctx: int, n_batch: int, n_threads: int, n_gpu_layers: int, n_seq_max: int, use_extra_bufts: bool, seed: int, reuse_prefix: bool = True, pool_capacity: int | None = None, repack_weights: bool = False, huge_pages: bool = True, flash_attn: bool = False) -> None: ...
 
     def generate(self, prompt_tokens: Sequence[int], params: GenerateParams, on_text: object | None = None, partial: GenerateResult | None = None) -> GenerateResult:
         """

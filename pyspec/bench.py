@@ -248,6 +248,7 @@ def run_bench(
     ngram: str | None = None,
     settle_s: float | None = None,
     repeats: int = 1,
+    flash_attn: bool = False,
 ) -> BenchReport:
     """Runs every method on the same prompts, interleaved per prompt, greedy.
 
@@ -260,7 +261,8 @@ def run_bench(
     Engine's, for every method (llama.cpp's tools get the engine's value). head: a draft head GGUF
     for the engine (method redrafter needs one; auto then weighs it too, auto:no-head does not).
     repack, huge_pages: as Engine's; llama.cpp's tools repack when the engine does (and their
-    build allows it) and get glibc's huge pages when the engine asks for them. ngram: as Engine's
+    build allows it) and get glibc's huge pages when the engine asks for them. flash_attn: as
+    Engine's, for every method and peer alike. ngram: as Engine's
     (an n-gram table auto also drafts from; auto:no-corpus leaves it out).
     settle_s: a pause before every timed run, of every method alike (None: SETTLE_S when
     llama.cpp's tools run, else 0). A tool process that exits slows whatever runs about two
@@ -318,7 +320,7 @@ def run_bench(
         engine = stack.enter_context(Engine(target_path, draft=draft_path, n_ctx=n_ctx, n_batch=ENGINE_N_BATCH,
                                             n_threads=n_threads, n_gpu_layers=n_gpu_layers,
                                             prefix_cache=False, head=head, repack=repack,
-                                            huge_pages=huge_pages, ngram=ngram))
+                                            huge_pages=huge_pages, ngram=ngram, flash_attn=flash_attn))
         if any(m.name == "auto" for m in specs):
             engine.calibrate(progress=progress)  # cached curves, or measured now: not in the timings
         work_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pyspec-bench-")))
@@ -336,7 +338,7 @@ def run_bench(
                         "while pyspec repacks its weights: the comparison is not at equal settings. "
                         "Build them without AMX: python benchmarks/build_llama_cpp.py", bin_dir)
         tool_settings = ToolSettings(model=target_path, n_ctx=n_ctx, n_threads=engine.n_threads, repack=tools_repack,
-                                     flash_attn=False, n_ubatch=ENGINE_N_BATCH, n_gpu_layers=engine.n_gpu_layers,
+                                     flash_attn=engine.flash_attn, n_ubatch=ENGINE_N_BATCH, n_gpu_layers=engine.n_gpu_layers,
                                      huge_pages=engine.huge_pages)
         python_peers: dict[str, PythonPeer] = {}
         tool_peers: dict[str, LlamaCppPeer] = {}
@@ -344,7 +346,7 @@ def run_bench(
             if m.name in PYTHON_PEERS:
                 python_peers[m.label] = PythonPeer(target_path, n_ctx=peer_ctx, n_threads=engine.n_threads,
                                                    repack=engine.repack_mode == "all", n_draft=m.n_draft,
-                                                   pld=m.name == "peer-pld")
+                                                   pld=m.name == "peer-pld", flash_attn=engine.flash_attn)
                 stack.callback(python_peers[m.label].close)
             elif m.is_llama_cpp:
                 assert bin_dir is not None
@@ -422,7 +424,7 @@ def run_bench(
                    max_tokens=max_tokens, threads=engine.n_threads, repack=engine.repack_mode,
                    llama_cpp_repack=tools_repack if tool_peers else None, head=os.path.basename(head) if head else None,
                    huge_pages=engine.huge_pages, ngram=os.path.basename(engine.ngram_path) if engine.ngram_path else None,
-                   settle_s=pause, repeats=repeats)
+                   settle_s=pause, repeats=repeats, flash_attn=engine.flash_attn)
 
 
 def _snapshot(path: str, suffix: str = ".before") -> str | None:
@@ -459,7 +461,7 @@ def _report(specs: list[MethodSpec], runs: dict[str, list[PromptRun]], skipped: 
             draft: str | None, suite: str, max_tokens: int, threads: int, repack: bool | str,
             llama_cpp_repack: bool | None = None, head: str | None = None,
             huge_pages: bool | None = None, ngram: str | None = None, settle_s: float | None = None,
-            repeats: int = 1) -> BenchReport:
+            repeats: int = 1, flash_attn: bool = False) -> BenchReport:
     peers = [m.label for m in specs if m.is_peer]
     modes = [m.label for m in specs if m.is_llama_cpp]
     results = [summarize(m.label, m.n_draft if m.n_draft is not None else _default_n_draft(m.name), m.is_peer,
@@ -470,7 +472,7 @@ def _report(specs: list[MethodSpec], runs: dict[str, list[PromptRun]], skipped: 
                                       else (None, None))
     return BenchReport(
         target=target, draft=draft, suite=suite, n=len(runs["none"]), max_tokens=max_tokens, threads=threads,
-        repack=repack, llama_cpp_repack=llama_cpp_repack, huge_pages=huge_pages, methods=[m.label for m in specs], results=results, skipped=skipped, llama_cpp_modes=modes,
+        repack=repack, llama_cpp_repack=llama_cpp_repack, huge_pages=huge_pages, flash_attn=flash_attn, methods=[m.label for m in specs], results=results, skipped=skipped, llama_cpp_modes=modes,
         best_llama_cpp_mode={x.prompt_id: x.method for x in best if x is not None},
         auto_vs_best_llama_cpp=by_label["auto"].decode_speedup_vs_best_llama_cpp if "auto" in by_label else None,
         auto_vs_best_llama_cpp_within_limit=(versus_best_llama_cpp(runs["auto"], runs, modes, decode_within_limit)

@@ -38,7 +38,7 @@ class PythonPeer:
     """A llama-cpp-python model generating greedily from token ids."""
 
     def __init__(self, model_path: str, *, n_ctx: int, n_threads: int, repack: bool, n_draft: int | None,
-                 pld: bool) -> None:
+                 pld: bool, flash_attn: bool = False) -> None:
         import llama_cpp
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
@@ -51,7 +51,7 @@ class PythonPeer:
         with _model_defaults(use_extra_bufts=repack):
             self.llm = llama_cpp.Llama(
                 model_path=model_path, n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=n_threads,
-                n_threads_batch=n_threads, flash_attn=False, draft_model=draft_model, verbose=False,
+                n_threads_batch=n_threads, flash_attn=flash_attn, draft_model=draft_model, verbose=False,
             )
         vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
         self._is_eog = lambda token: bool(llama_cpp.llama_vocab_is_eog(vocab, token))

@@ -127,6 +127,7 @@ class BenchReport:
     ngram: str | None = None  # the engine's n-gram table (file name), when given
     settle_s: float | None = None  # the pause before each run (None: older reports, which had none)
     repeats: int = 1  # runs of each method per prompt; the median one is reported (bench.run_bench)
+    flash_attn: bool = False  # Engine.flash_attn, which every peer followed (older reports: off, as then always)
     timing: str = TIMING_NOTE
     decode_timing: str = DECODE_NOTE
     speedup: str = SPEEDUP_NOTE
@@ -264,6 +265,7 @@ def format_markdown(report: BenchReport, python_peers: tuple[str, ...] = ("peer-
         + (f", llama.cpp's tools repack {'on' if report.llama_cpp_repack else 'off'}"
            if report.llama_cpp_repack is not None else "")
         + (f", huge pages {'on' if report.huge_pages else 'off'}" if report.huge_pages is not None else "")
+        + (", flash attention on (every method and peer)" if report.flash_attn else "")
         + (f", {report.settle_s:g} s pause before each run" if report.settle_s else "")
         + (f", each method run {report.repeats} times per prompt (interleaved) and the run with the "
            + ("median" if report.repeats % 2 else "lower middle") + " decode tok/s kept" if report.repeats > 1 else ""),

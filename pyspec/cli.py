@@ -28,8 +28,9 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_engine_options(p: argparse.ArgumentParser) -> None:
-    """--repack and --no-huge-pages (Engine's repack and huge_pages), for generate, calibrate,
-    bench, serve, demo, distill and train-head: the commands whose speed they change."""
+    """--repack, --no-huge-pages and --flash-attn (Engine's repack, huge_pages and flash_attn),
+    for generate, calibrate, bench, serve, demo, distill and train-head: the commands whose speed
+    they change."""
     from .engine import REPACK_MODES
 
     p.add_argument("--repack", choices=["auto", *REPACK_MODES], default="auto",
@@ -37,6 +38,9 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
                         "alone, or none (default auto: weights on CPUs with AMX, all elsewhere)")
     p.add_argument("--no-huge-pages", action="store_true",
                    help="do not ask for transparent huge pages on the models' and contexts' buffers")
+    p.add_argument("--flash-attn", action="store_true",
+                   help="llama.cpp's flash attention (default off: slower on the CPU at long contexts, and "
+                        "batched and one-token logits differ more; see docs/numerics.md)")
 
 
 def add_ngram_option(p: argparse.ArgumentParser) -> None:
@@ -48,7 +52,8 @@ def add_ngram_option(p: argparse.ArgumentParser) -> None:
 
 def engine_options(args: argparse.Namespace) -> dict[str, Any]:
     """Engine keyword arguments from add_engine_options' flags."""
-    return {"repack": None if args.repack == "auto" else args.repack, "huge_pages": not args.no_huge_pages}
+    return {"repack": None if args.repack == "auto" else args.repack, "huge_pages": not args.no_huge_pages,
+            "flash_attn": args.flash_attn}
 
 
 def _read_prompt(args: argparse.Namespace) -> str:

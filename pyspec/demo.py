@@ -41,12 +41,13 @@ def run_demo(
     n_threads: int | None = None,
     repack: bool | str | None = None,
     huge_pages: bool = True,
+    flash_attn: bool = False,
     out: Any = sys.stdout,
 ) -> list[DemoRun]:
     """Runs plain decoding and each speculative method on one HumanEval prompt; prints the
     completion of the fastest method and a table. Returns the runs, plain decoding first.
     n_draft: draft length for every method (default: the engine's per-method default).
-    repack, huge_pages: as Engine's."""
+    repack, huge_pages, flash_attn: as Engine's."""
     from .data import load_suite
     from .engine import Engine
     from .models import resolve_model
@@ -59,7 +60,8 @@ def run_demo(
     print(f"prompt: {prompt.id} through the chat template, greedy, {max_tokens} new tokens at most", file=out)
 
     runs = []
-    with Engine(target_path, draft=draft_path, n_threads=n_threads, repack=repack, huge_pages=huge_pages) as engine:
+    with Engine(target_path, draft=draft_path, n_threads=n_threads, repack=repack, huge_pages=huge_pages,
+                flash_attn=flash_attn) as engine:
         engine.generate(prompt.messages, max_tokens=8, method="none")  # warm-up: page the weights in
         for m in ["none", *methods]:
             r = engine.generate(prompt.messages, max_tokens=max_tokens, method=m, n_draft=n_draft)

@@ -135,6 +135,10 @@ class Engine:
     huge_pages: ask the kernel for transparent huge pages on the buffers llama.cpp allocates for
     the models' weights and contexts (madvise; it matters where THP is in "madvise" mode: one
     target token 57 ms instead of 62 on that machine); False leaves the page size to the system.
+    flash_attn: llama.cpp's flash attention for the models' contexts (default off: on the CPU it
+    costs 6-17% at contexts of 1,000 tokens and more and widens the difference between batched and
+    one-token logits, which decides how often greedy speculation parts from plain decoding on a
+    near-tie; docs/numerics.md). GPU backends may gain from it; the calibration is kept apart.
     pool_capacity: phrases the engine's phrase pool keeps at most (least recently useful ones are
     evicted beyond it); None = the engine's default, 65,536 phrases, at most about 13 MB when full
     (pool_stats()["memory_bytes"] says what it takes now);
@@ -158,6 +162,7 @@ class Engine:
         pool_capacity: int | None = None,
         huge_pages: bool = True,
         ngram: str | os.PathLike[str] | None = None,
+        flash_attn: bool = False,
     ) -> None:
         self.target_path = _resolve(target)
         self.draft_path = _resolve(draft) if draft is not None else None
@@ -172,12 +177,14 @@ class Engine:
                 self.target_path, self.draft_path or "", n_ctx, n_batch, threads, n_gpu_layers, 1,
                 self.repack_mode == "all", seed, reuse_prefix=bool(prefix_cache), pool_capacity=pool_capacity,
                 repack_weights=self.repack_mode == "weights", huge_pages=bool(huge_pages),
+                flash_attn=bool(flash_attn),
             )
         finally:
             _forward_llama_logs()
         self.n_threads = threads
         self.n_gpu_layers = int(n_gpu_layers)
         self.huge_pages = bool(huge_pages)
+        self.flash_attn = bool(flash_attn)
         self._n_vocab = int(self._core.n_vocab)
         # One generation at a time: the engine owns one KV cache per model. A second caller
         # (another thread, or generate() while a stream() is running) waits its turn. Draft
@@ -221,11 +228,11 @@ class Engine:
 
     def target_settings(self) -> dict[str, Any]:
         """The constructor arguments that set how the target runs (context, threads, GPU layers,
-        repacking, huge pages): Engine(engine.target_path, **engine.target_settings(), ...) runs
+        repacking, huge pages, flash attention): Engine(engine.target_path, **engine.target_settings(), ...) runs
         the same target the same way, with whatever else the caller changes (bench's one-token
         evaluations take a batch of 1)."""
         return {"n_ctx": self.n_ctx, "n_threads": self.n_threads, "n_gpu_layers": self.n_gpu_layers,
-                "repack": self.repack_mode, "huge_pages": self.huge_pages}
+                "repack": self.repack_mode, "huge_pages": self.huge_pages, "flash_attn": self.flash_attn}
 
     @property
     def has_draft(self) -> bool:
@@ -494,21 +501,24 @@ class Engine:
 
     def save_stats(self, path: str | os.PathLike[str]) -> None:
         """Writes what method auto has learnt of how often each kind of draft node is accepted to
-        `path` (JSON, atomically), for a later engine's load_stats (pyspec.acceptance). Between
-        generations."""
+        `path` (JSON, atomically), for a later engine's load_stats (pyspec.acceptance). From any
+        thread: waits for a running generation to end (not from inside a stream() loop, which
+        holds the engine until it ends)."""
         from . import acceptance
 
-        acceptance.save(self, path)
+        with self._lock:
+            acceptance.save(self, path)
 
     def load_stats(self, path: str | os.PathLike[str]) -> None:
         """Replaces auto's acceptance statistics by a file from save_stats: the engine then plans as
         the requests that taught them left it (each request still checks them against its own
         outcomes). StatsFileError for a missing or bad file or another target model; the
         statistics are then unchanged. The draft model's node counts are kept only for a slot
-        holding a model of the same kind. Between generations."""
+        holding a model of the same kind. Waits for a running generation to end, as save_stats."""
         from . import acceptance
 
-        acceptance.load(self, path)
+        with self._lock:
+            acceptance.load(self, path)
 
     # -- cost curves (method "auto") -----------------------------------------------------------
 

@@ -56,7 +56,7 @@ class ToolSettings:
     n_ctx: int
     n_threads: int
     repack: bool  # llama.cpp's weight repacking (extra buffer types); --no-repack when False
-    flash_attn: bool = False  # pyspec's engine runs with flash attention off
+    flash_attn: bool = False  # as the engine's (Engine.flash_attn, off by default)
     n_ubatch: int = 512  # the engine's batch size: prompts are evaluated in chunks of this many tokens
     n_gpu_layers: int = 0
     # Transparent huge pages for the tools' allocations, as the engine asks for its own (README,

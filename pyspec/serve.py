@@ -58,7 +58,10 @@ def register_cli(sub: Any) -> None:
                            "while the pool fills)")
     p.add_argument("--stats-file", default=None, metavar="PATH",
                    help="keep method auto's acceptance statistics in this file across restarts (loaded at start, "
-                        "saved at shutdown; an unreadable file is moved aside and auto starts afresh)")
+                        "saved every --stats-save-interval seconds when requests ran and at shutdown; an unusable "
+                        "file is moved aside and auto starts afresh)")
+    p.add_argument("--stats-save-interval", type=float, default=60.0, metavar="S",
+                   help="seconds between saves of --stats-file (default 60)")
     online = p.add_argument_group("online distillation (needs the train extra: PyTorch)")
     online.add_argument("--online", action="store_true",
                         help="distil the draft from the served traffic and hot-reload it (pyspec.online)")
@@ -112,7 +115,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         target=args.target, draft=args.draft, model_name=args.model_name, n_ctx=args.n_ctx, n_batch=args.n_batch,
         n_threads=args.threads, n_gpu_layers=args.n_gpu_layers, seed=args.seed,
         prefix_cache=not args.no_prefix_cache, pool_capacity=args.pool_capacity, defaults=defaults,
-        pool_file=args.pool_file, stats_file=args.stats_file,
+        pool_file=args.pool_file, stats_file=args.stats_file, stats_save_interval_s=args.stats_save_interval,
         pool_save_interval_s=args.pool_save_interval, online=online, ngram=args.ngram, **engine_options(args),
     )
     level = logging.getLogger().getEffectiveLevel()

@@ -7,6 +7,7 @@ compares the two rows: argmax flips, the top-2 logit gap of both evaluations at 
 largest absolute logit difference. Not a timing: run it with /work/tools/heavy, not quiet.
 
     python scripts/numerics.py --k 4 8 16 --prompts humaneval:HumanEval/0 mtbench:mtbench/85 --repack weights off
+    python scripts/numerics.py --flash-attn off on   # both evaluations with llama.cpp's flash attention, then without
 """
 
 from __future__ import annotations
@@ -38,9 +39,11 @@ def find_prompt(spec: str) -> Any:
     raise SystemExit(f"no prompt {prompt_id!r} in suite {suite!r}")
 
 
-def answer_logits(target: str, tokens: list[int], n_batch: int, repack: str, threads: int) -> np.ndarray:
+def answer_logits(target: str, tokens: list[int], n_batch: int, repack: str, threads: int,
+                  flash_attn: bool = False) -> np.ndarray:
     """All rows of `tokens` evaluated from an empty cache in chunks of n_batch: [n_tokens, n_vocab]."""
-    with pyspec.Engine(target, n_ctx=2048, n_batch=n_batch, n_threads=threads, repack=repack) as engine:
+    with pyspec.Engine(target, n_ctx=2048, n_batch=n_batch, n_threads=threads, repack=repack,
+                       flash_attn=flash_attn) as engine:
         return engine.evaluate(tokens, all_rows=True)
 
 
@@ -67,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=160)
     p.add_argument("--repack", nargs="+", choices=list(REPACK_MODES), default=[repack_mode(None), "off"],
                    help="Engine repack modes to compare (default: the engine's default here, and off)")
+    p.add_argument("--flash-attn", nargs="+", choices=["off", "on"], default=["off"],
+                   help="llama.cpp's flash attention in both evaluations (Engine's flash_attn): off, on or both")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", help="write the results as JSON here")
     args = p.parse_args(argv)
@@ -80,15 +85,17 @@ def main(argv: list[str] | None = None) -> int:
         tokens = plain.prompt_tokens + plain.tokens
         first = len(plain.prompt_tokens) - 1  # the row that predicts the first answer token
         for repack in repacks:
-            one = answer_logits(args.target, tokens, 1, repack, args.threads)
-            for k in args.k:
-                row = compare(one, answer_logits(args.target, tokens, k, repack, args.threads), first)
-                row.update(prompt=prompt_id, repack=repack, k=k, n_answer_tokens=len(plain.tokens))
-                results.append(row)
-                gaps = ", ".join(f"{f['gap_one_token']:.3f}/{f['gap_batched']:.3f}" for f in row["flips"])
-                print(f"{prompt_id:24s} repack={repack:7s} k={k:2d}: {row['n_flips']} flips "
-                      f"in {row['n_positions']} positions (top-2 gaps one-token/batched: {gaps or '-'}), "
-                      f"max |dlogit| {row['max_abs_logit_diff']:.4f}", flush=True)
+            for fa in dict.fromkeys(args.flash_attn):
+                on = fa == "on"
+                one = answer_logits(args.target, tokens, 1, repack, args.threads, on)
+                for k in args.k:
+                    row = compare(one, answer_logits(args.target, tokens, k, repack, args.threads, on), first)
+                    row.update(prompt=prompt_id, repack=repack, flash_attn=on, k=k, n_answer_tokens=len(plain.tokens))
+                    results.append(row)
+                    gaps = ", ".join(f"{f['gap_one_token']:.3f}/{f['gap_batched']:.3f}" for f in row["flips"])
+                    print(f"{prompt_id:24s} repack={repack:7s} fa={fa:3s} k={k:2d}: {row['n_flips']} flips "
+                          f"in {row['n_positions']} positions (top-2 gaps one-token/batched: {gaps or '-'}), "
+                          f"max |dlogit| {row['max_abs_logit_diff']:.4f}", flush=True)
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump({"target": args.target, "results": results}, f, indent=1)

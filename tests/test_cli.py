@@ -62,8 +62,8 @@ class _EngineMade(Exception):
 @pytest.mark.parametrize("command", ["generate", "calibrate", "bench", "serve", "demo"])
 def test_repack_and_huge_pages_reach_the_engine(command: str, tiny_target: str, tiny_drafts: dict[str, str],
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each command that loads an engine hands --repack and --no-huge-pages to Engine (serve
-    through ServerSettings), and leaves Engine's defaults without them."""
+    """Each command that loads an engine hands --repack, --no-huge-pages and --flash-attn to
+    Engine (serve through ServerSettings), and leaves Engine's defaults without them."""
     import pyspec.engine
     import pyspec.server.app
     from pyspec.cli import main
@@ -95,10 +95,11 @@ def test_repack_and_huge_pages_reach_the_engine(command: str, tiny_target: str, 
                       "--no-progress"],
             "serve": ["serve", "--target", tiny_target],
             "demo": ["demo", "--target", tiny_target, "--draft", tiny_drafts["perturbed"]]}[command]
-    for extra, expected in (([], (None, True)), (["--repack", "off", "--no-huge-pages"], ("off", False))):
+    for extra, expected in (([], (None, True, False)),
+                            (["--repack", "off", "--no-huge-pages", "--flash-attn"], ("off", False, True))):
         with pytest.raises(_EngineMade):
             main([*argv, *extra])
-        assert (made[-1]["repack"], made[-1]["huge_pages"]) == expected
+        assert (made[-1]["repack"], made[-1]["huge_pages"], made[-1]["flash_attn"]) == expected
     if command not in ("calibrate", "demo"):  # --ngram: the commands that serve users with auto
         assert made[-1].get("ngram") is None
         with pytest.raises(_EngineMade):

@@ -117,6 +117,28 @@ def test_calibration_key_tells_huge_pages_apart(q4_target: str) -> None:
     assert calibration.cache_file(keys[True]) != calibration.cache_file(keys[False])
 
 
+def test_flash_attention_reaches_llama_cpp(q4_target: str) -> None:
+    """Engine(flash_attn=True) runs llama.cpp's flash attention: the same batch gives other
+    logits (slightly: the kernels accumulate differently, docs/numerics.md) than without it, and
+    the same logits again with it; the calibration key keeps its curve apart, and the key without
+    it is the one caches written before the key named it hold."""
+    from pyspec import calibration
+
+    tokens = list(range(10, 50))
+    rows, keys = {}, {}
+    for fa in (False, True, True):
+        with pyspec.Engine(q4_target, n_ctx=256, n_threads=2, flash_attn=fa) as engine:
+            assert engine.flash_attn is fa and engine.target_settings()["flash_attn"] is fa
+            logits = engine.evaluate(tokens, all_rows=True)
+            if fa in rows:
+                np.testing.assert_array_equal(logits, rows[fa])  # deterministic: the difference is the kernel
+            rows[fa], keys[fa] = logits, calibration.cache_key(engine, None)
+    diff = np.abs(rows[True] - rows[False])
+    assert 0 < diff.max() < 1.0, diff.max()
+    assert "flash_attn" not in keys[False] and keys[True]["flash_attn"] is True
+    assert calibration.cache_file(keys[True]) != calibration.cache_file(keys[False])
+
+
 def test_tools_repack_only_when_built_without_amx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from pyspec import llamacpp
 
@@ -170,6 +192,6 @@ def test_target_settings_rebuild_the_target_as_it_runs(q4_target: str) -> None:
     with pyspec.Engine(q4_target, n_ctx=512, n_threads=1, repack="off", huge_pages=False) as engine:
         settings = engine.target_settings()
         assert settings == {"n_ctx": 512, "n_threads": 1, "n_gpu_layers": engine.n_gpu_layers, "repack": "off",
-                            "huge_pages": False}
+                            "huge_pages": False, "flash_attn": False}
         with pyspec.Engine(engine.target_path, **settings, n_batch=1, prefix_cache=False) as twin:
             assert twin.target_settings() == settings

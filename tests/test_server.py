@@ -308,15 +308,28 @@ def test_restart_keeps_the_pool_and_a_bad_pool_file_is_set_aside(tiny_target: st
 
 
 def test_restart_keeps_auto_statistics_and_a_bad_file_is_set_aside(tiny_target: str, tmp_path: Path) -> None:
+    """--stats-file: saved while the server runs (every --stats-save-interval seconds once
+    requests ran: a crash loses at most that much) and at shutdown, loaded at start, an unusable
+    file moved aside."""
     stats_file = tmp_path / "stats.json"
     args = ("--target", tiny_target, "--model-name", "tiny", "--n-ctx", "512", "--threads", "1",
-            "--stats-file", str(stats_file))
+            "--stats-file", str(stats_file), "--stats-save-interval", "0.2")
     first = ServerProcess(*args, log_path=tmp_path / "first.log")
     try:
         c = openai.OpenAI(base_url=first.base_url + "/v1", api_key="unused", max_retries=0)
         for i in range(3):
             c.completions.create(model="tiny", prompt=f"for item in range({i}):\n    print(item)\n", max_tokens=16,
                                  extra_body={"method": "auto"}, **GREEDY)
+        deadline = time.monotonic() + 30
+        while first.metric("pyspec_stats_saves_total") < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert first.metric("pyspec_stats_saves_total") >= 1, first.log()
+        running = json.loads(stats_file.read_text(encoding="utf-8"))  # written before any shutdown
+        assert any(sum(v) > 0 for v in running["stats"].values())  # no empty file before the requests
+        time.sleep(0.5)  # the save after the last request's counts, if it was still due
+        saves = first.metric("pyspec_stats_saves_total")
+        time.sleep(0.6)  # no request since: nothing to save
+        assert first.metric("pyspec_stats_saves_total") == saves
     finally:
         assert first.stop() == 0, first.log()
     saved = json.loads(stats_file.read_text(encoding="utf-8"))

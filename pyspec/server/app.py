@@ -21,12 +21,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..config import GenerationConfig
 from ..engine import Engine
-from ..errors import ContextOverflowError, EngineClosedError, InvalidArgumentError, StatsFileError
+from ..errors import ContextOverflowError, EngineClosedError, InvalidArgumentError
 from ..results import GenerationResult, StreamChunk
 from . import protocol
 from .metrics import ServerMetrics
 from .online import OnlineLoop, OnlineSettings
-from .pool_file import PoolKeeper, set_aside
+from .keepers import PoolKeeper, StatsKeeper
 from .protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
 from .queue import STREAM_END, GenerationQueue, Job, JobCancelled
 
@@ -49,14 +49,17 @@ class ServerSettings:
     pool_capacity: int | None = None  # phrases the phrase pool keeps at most (None: the engine's default)
     repack: bool | str | None = None  # Engine's repack (None: weights on CPUs with AMX, all elsewhere)
     huge_pages: bool = True  # Engine's huge_pages
+    flash_attn: bool = False  # Engine's flash_attn
     ngram: str | None = None  # Engine's ngram: an n-gram table auto also drafts from ("default": the cached ShareGPT one)
     # Defaults of every request; a request's own fields (OpenAI's and the speculative extra
     # fields) override them. temperature 1.0 and top_p 1.0 are OpenAI's defaults.
     defaults: GenerationConfig = field(default_factory=lambda: GenerationConfig(temperature=1.0))
     pool_file: str | None = None
     pool_save_interval_s: float = 60.0
-    # method auto's acceptance statistics across restarts: loaded at start, saved at shutdown
+    # method auto's acceptance statistics across restarts: loaded at start, saved every
+    # stats_save_interval_s when generations ran since the last save, and at shutdown
     stats_file: str | None = None
+    stats_save_interval_s: float = 60.0
     online: OnlineSettings | None = None  # None: the draft stays as loaded
 
 
@@ -69,6 +72,7 @@ class ServerState:
     metrics: ServerMetrics
     pool: PoolKeeper | None
     online: OnlineLoop | None
+    stats: StatsKeeper | None
     started: float
 
 
@@ -96,15 +100,19 @@ def _start(settings: ServerSettings, engine: Engine | None) -> ServerState:
         engine = Engine(settings.target, draft=settings.draft, n_ctx=settings.n_ctx, n_batch=settings.n_batch,
                         n_threads=settings.n_threads, n_gpu_layers=settings.n_gpu_layers, seed=settings.seed,
                         prefix_cache=settings.prefix_cache, pool_capacity=settings.pool_capacity,
-                        repack=settings.repack, huge_pages=settings.huge_pages, ngram=settings.ngram)
+                        repack=settings.repack, huge_pages=settings.huge_pages, ngram=settings.ngram,
+                        flash_attn=settings.flash_attn)
     metrics = ServerMetrics()
     pool = None
     if settings.pool_file:
         pool = PoolKeeper(engine, settings.pool_file, settings.pool_save_interval_s, metrics)
         pool.load()
         pool.start()
+    stats = None
     if settings.stats_file:
-        _load_stats(engine, Path(settings.stats_file))
+        stats = StatsKeeper(engine, settings.stats_file, settings.stats_save_interval_s, metrics)
+        stats.load()
+        stats.start()
     online = OnlineLoop(engine, settings.online) if settings.online is not None else None
 
     def observe(job: Job, result: GenerationResult | None, error: BaseException | None, waited: float) -> None:
@@ -116,7 +124,7 @@ def _start(settings: ServerSettings, engine: Engine | None) -> ServerState:
     name = settings.model_name or Path(engine.target_path).name.removesuffix(".gguf")
     log.info("serving %s (draft: %s)", name, engine.draft_path)
     return ServerState(settings, engine, name, GenerationQueue(engine, [observe]), metrics, pool, online,
-                       time.time())
+                       stats, time.time())
 
 
 def _stop(state: ServerState) -> None:
@@ -125,27 +133,9 @@ def _stop(state: ServerState) -> None:
         state.online.close()
     if state.pool is not None:
         state.pool.close()
-    if state.settings.stats_file:  # no generation runs any more: the statistics hold still
-        try:
-            state.engine.save_stats(state.settings.stats_file)
-            log.info("saved auto's acceptance statistics to %s", state.settings.stats_file)
-        except StatsFileError as exc:
-            log.error("could not save auto's acceptance statistics: %s", exc)
+    if state.stats is not None:
+        state.stats.close()
     state.engine.close()
-
-
-def _load_stats(engine: Engine, path: Path) -> None:
-    """--stats-file at start: a missing file starts afresh; an unreadable one is reported and moved
-    aside (never a failed start), and the statistics are saved to `path` at shutdown."""
-    if not path.exists():
-        log.info("statistics file %s does not exist yet: auto starts afresh", path)
-        return
-    try:
-        engine.load_stats(path)
-    except StatsFileError as exc:
-        set_aside(path, "statistics file", exc, "auto starts afresh")
-        return
-    log.info("loaded auto's acceptance statistics from %s", path)
 
 
 # -- errors ------------------------------------------------------------------------------------

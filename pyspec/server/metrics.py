@@ -29,6 +29,9 @@ class ServerMetrics:
     pool_saves: int = 0
     pool_save_errors: int = 0
     pool_file_errors: int = 0      # pool files found corrupt at start and set aside
+    stats_saves: int = 0           # saves of auto's acceptance statistics (--stats-file)
+    stats_save_errors: int = 0
+    stats_file_errors: int = 0     # statistics files found unusable at start and set aside
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def bump(self, name: str) -> None:
@@ -96,6 +99,12 @@ class ServerMetrics:
                    [("", self.pool_save_errors)])
             metric("pyspec_pool_file_errors_total", "counter", "Pool files found unreadable at start and set aside.",
                    [("", self.pool_file_errors)])
+            metric("pyspec_stats_saves_total", "counter", "Saves of auto's acceptance statistics to the stats file.",
+                   [("", self.stats_saves)])
+            metric("pyspec_stats_save_errors_total", "counter", "Failed saves of auto's acceptance statistics.",
+                   [("", self.stats_save_errors)])
+            metric("pyspec_stats_file_errors_total", "counter",
+                   "Statistics files found unusable at start and set aside.", [("", self.stats_file_errors)])
         by_name: dict[str, tuple[str, list[tuple[str, float]]]] = {}
         for name, help_text, labels, value in gauges:
             by_name.setdefault(name, (help_text, []))[1].append((labels, value))
