@@ -33,8 +33,10 @@ struct ModelParams {
     // Ask Linux for transparent huge pages on the buffers llama.cpp allocates for this model and
     // its context (model.cpp): fewer TLB misses when a decode streams the weights.
     bool huge_pages = true;
-    // Flash attention changes batched-vs-one-token logits by ~1e-2 on CPU (measured on the tiny
-    // models: 6.5e-3 vs 9.4e-4 without), enough to flip near-ties; off unless asked for.
+    // llama.cpp's flash attention. On the tiny f32 test models it widens the batched-vs-one-token
+    // logit difference (6.5e-3 vs 9.4e-4 without); on the Q4_K_M target it does not (fewer argmax
+    // flips, all near-ties: docs/numerics.md), but on the CPU it is slower at long contexts: off
+    // unless asked for (Engine(flash_attn=True), --flash-attn).
     bool flash_attn = false;
     // Prefix cache: prefill_prompt keeps the cached tokens of sequence 0 that start the new
     // prompt and evaluates only the rest (false: every prefill starts from an empty cache).
