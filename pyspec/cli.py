@@ -39,8 +39,8 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-huge-pages", action="store_true",
                    help="do not ask for transparent huge pages on the models' and contexts' buffers")
     p.add_argument("--flash-attn", action="store_true",
-                   help="llama.cpp's flash attention (default off: slower on the CPU at long contexts, and "
-                        "batched and one-token logits differ more; see docs/numerics.md)")
+                   help="llama.cpp's flash attention (default off: slower on the CPU at long contexts; "
+                        "see docs/numerics.md)")
 
 
 def add_ngram_option(p: argparse.ArgumentParser) -> None:

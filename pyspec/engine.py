@@ -136,9 +136,9 @@ class Engine:
     the models' weights and contexts (madvise; it matters where THP is in "madvise" mode: one
     target token 57 ms instead of 62 on that machine); False leaves the page size to the system.
     flash_attn: llama.cpp's flash attention for the models' contexts (default off: on the CPU it
-    makes decoding slower at long contexts, 0.76-0.83x at 1,700-1,900 tokens on the Zen 4; it
-    changes which near-ties batched and one-token logits flip, not how many are flipped on the
-    real target, docs/numerics.md). GPU backends may gain from it; its calibration is kept apart.
+    makes decoding slower at long contexts, 0.76-0.83x at 1,700-1,900 tokens on the Zen 4; on the
+    real target it flipped no more near-ties between batched and one-token logits than without,
+    docs/numerics.md). GPU backends may gain from it; its calibration is kept apart.
     pool_capacity: phrases the engine's phrase pool keeps at most (least recently useful ones are
     evicted beyond it); None = the engine's default, 65,536 phrases, at most about 13 MB when full
     (pool_stats()["memory_bytes"] says what it takes now);
@@ -228,9 +228,9 @@ class Engine:
 
     def target_settings(self) -> dict[str, Any]:
         """The constructor arguments that set how the target runs (context, threads, GPU layers,
-        repacking, huge pages, flash attention): Engine(engine.target_path, **engine.target_settings(), ...) runs
-        the same target the same way, with whatever else the caller changes (bench's one-token
-        evaluations take a batch of 1)."""
+        repacking, huge pages, flash attention): Engine(engine.target_path,
+        **engine.target_settings(), ...) runs the same target the same way, with whatever else the
+        caller changes (bench's one-token evaluations take a batch of 1)."""
         return {"n_ctx": self.n_ctx, "n_threads": self.n_threads, "n_gpu_layers": self.n_gpu_layers,
                 "repack": self.repack_mode, "huge_pages": self.huge_pages, "flash_attn": self.flash_attn}
 

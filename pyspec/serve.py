@@ -51,7 +51,7 @@ def register_cli(sub: Any) -> None:
                       help="keep the phrase pool in this file across restarts (loaded at start, saved atomically "
                            "every --pool-save-interval seconds when it changed and at shutdown; an unreadable "
                            "file is moved aside and the server starts with an empty pool)")
-    pool.add_argument("--pool-save-interval", type=float, default=60.0, help="seconds between saves (default 60)")
+    pool.add_argument("--pool-save-interval", type=_seconds, default=60.0, help="seconds between saves (default 60)")
     pool.add_argument("--pool-capacity", type=_phrase_count, default=None,
                       help="phrases the pool keeps at most, the least recently useful evicted beyond it (default "
                            "65536, at most about 13 MB when full: the server's memory grows by up to that much "
@@ -60,7 +60,7 @@ def register_cli(sub: Any) -> None:
                    help="keep method auto's acceptance statistics in this file across restarts (loaded at start, "
                         "saved every --stats-save-interval seconds when requests ran and at shutdown; an unusable "
                         "file is moved aside and auto starts afresh)")
-    p.add_argument("--stats-save-interval", type=float, default=60.0, metavar="S",
+    p.add_argument("--stats-save-interval", type=_seconds, default=60.0, metavar="S",
                    help="seconds between saves of --stats-file (default 60)")
     online = p.add_argument_group("online distillation (needs the train extra: PyTorch)")
     online.add_argument("--online", action="store_true",
@@ -86,6 +86,16 @@ def _phrase_count(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number of phrases, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"the pool holds at least 1 phrase, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"the interval must be a finite number of seconds > 0, got {text}")
     return value
 
 

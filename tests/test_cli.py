@@ -147,3 +147,17 @@ def test_serve_online_flags_reach_the_training_settings() -> None:
     assert (config.lr, config.train_threads, config.train_vocab, config.train_blocks) == (3e-5, 2, False, 4)
     defaults = online_settings(build_parser().parse_args([*base, "--online"])).distill_config()
     assert (defaults.train_vocab, defaults.train_blocks) == (DistillConfig.train_vocab, DistillConfig.train_blocks)
+
+
+@pytest.mark.parametrize("flag, value", [("--stats-save-interval", "0"), ("--pool-save-interval", "-5"),
+                                         ("--stats-save-interval", "soon"), ("--pool-save-interval", "nan")])
+def test_serve_refuses_a_save_interval_that_is_not_positive(flag: str, value: str, tiny_target: str,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """A bad interval is refused by the command line, naming the flag, before any model loads."""
+    from pyspec.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--target", tiny_target, flag, value])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert flag in err and value in err
