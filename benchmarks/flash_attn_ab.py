@@ -20,8 +20,7 @@ import statistics
 from pathlib import Path
 
 from pyspec import Engine
-from pyspec.bench import ENGINE_N_BATCH, decode_tokens_per_second
-from pyspec.data import load_suite
+from pyspec.bench import ENGINE_N_BATCH, decode_tokens_per_second, suite_prompts
 
 
 def top2_gap(engine: Engine, context: list[int]) -> float:
@@ -51,8 +50,6 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", type=Path, help="write every run here")
     args = ap.parse_args()
-
-    from pyspec.bench import suite_prompts
 
     suite, prompts = suite_prompts(args.suite, args.n)
     engines = {fa: Engine(args.target, draft=args.draft or None, n_ctx=4096, n_batch=ENGINE_N_BATCH, n_threads=args.threads,
