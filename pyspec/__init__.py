@@ -16,6 +16,7 @@ from .engine import Engine, TextStream
 from .errors import (
     ContextOverflowError,
     DecodeError,
+    EngineBusyError,
     EngineClosedError,
     HeadFileError,
     HeadMismatchError,
@@ -52,6 +53,7 @@ __all__ = [
     "ContextOverflowError",
     "DecodeError",
     "EngineClosedError",
+    "EngineBusyError",
     "PoolFileError",
     "HeadFileError",
     "HeadMismatchError",

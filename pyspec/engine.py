@@ -7,6 +7,7 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any, Union
 
 import numpy as np
@@ -15,7 +16,7 @@ from . import _core
 from . import calibration
 from .calibration import CostCurve, CostModelState
 from .config import DEFAULT_N_DRAFT, METHODS, GenerationConfig, check_text
-from .errors import EngineClosedError, InvalidArgumentError
+from .errors import EngineBusyError, EngineClosedError, InvalidArgumentError
 from .results import GenerationResult, GenerationStats, StreamChunk, TokenLogprobs, Trace
 
 log = logging.getLogger("pyspec")
@@ -190,6 +191,10 @@ class Engine:
         # (another thread, or generate() while a stream() is running) waits its turn. Draft
         # swaps take the same lock, so a draft never changes during a generation.
         self._lock = threading.Lock()
+        self._lock_holder: int | None = None  # the thread holding _lock, once it has it
+        # Stream worker threads -> (the thread that opened the stream, its channel): a call from
+        # that thread while the worker holds the engine and waits for it to read would hang.
+        self._stream_workers: dict[int, tuple[int, "_StreamChannel"]] = {}
         self._draft_paths: dict[str, str] = {"": self.draft_path} if self.draft_path else {}
         try:
             for name, path in (drafts or {}).items():
@@ -204,11 +209,29 @@ class Engine:
             self._core.close()
             raise
 
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Holds the engine (one generation, reload or evaluation at a time). Waits for the holder,
+        except where the holder is a stream of this thread's that waits for this thread to read
+        its chunks: EngineBusyError instead of a wait without end."""
+        while not self._lock.acquire(timeout=0.05):
+            worker = self._stream_workers.get(self._lock_holder or -1)
+            if worker is not None and worker[0] == threading.get_ident() and worker[1].queue.full():
+                raise EngineBusyError(
+                    "this thread is reading a stream of this engine that waits for it to read on: finish "
+                    "the stream (or close() it, or leave its loop) before calling the engine again")
+        self._lock_holder = threading.get_ident()
+        try:
+            yield
+        finally:
+            self._lock_holder = None
+            self._lock.release()
+
     # -- lifecycle ---------------------------------------------------------------------------
 
     def close(self) -> None:
         """Frees both models (after a running generation ends). Further calls raise EngineClosedError."""
-        with self._lock:
+        with self._locked():
             self._core.close()
 
     def __enter__(self) -> "Engine":
@@ -274,7 +297,7 @@ class Engine:
         resolved = _resolve(path)
         try:
             model = self._core.load_draft(resolved)  # no lock: generations go on meanwhile
-            with self._lock:
+            with self._locked():
                 self._core.swap_draft(model, name)
                 self._draft_paths[name] = resolved
                 if name == "":
@@ -301,7 +324,7 @@ class Engine:
             raise FileNotFoundError(f"head file not found: {path}")
         try:
             head = self._core.load_head(path)  # no lock: generations go on meanwhile
-            with self._lock:
+            with self._locked():
                 self._core.swap_head(head)
                 return int(self._core.head_version)
         finally:
@@ -309,7 +332,7 @@ class Engine:
 
     def remove_head(self) -> None:
         """Frees the draft head (after a running generation ends); its version count stays."""
-        with self._lock:
+        with self._locked():
             self._core.remove_head()
 
     @property
@@ -341,12 +364,12 @@ class Engine:
         if not os.path.isfile(path):
             raise FileNotFoundError(f"n-gram table not found: {path}")
         table = self._core.load_ngram(path)  # no lock: generations go on meanwhile
-        with self._lock:
+        with self._locked():
             self._core.swap_ngram(table)
 
     def remove_ngram(self) -> None:
         """Drops the n-gram table (after a running generation ends)."""
-        with self._lock:
+        with self._locked():
             self._core.remove_ngram()
 
     @property
@@ -365,7 +388,7 @@ class Engine:
 
     def remove_draft(self, name: str) -> None:
         """Frees the draft of slot `name` (after a running generation ends); its version count stays."""
-        with self._lock:
+        with self._locked():
             self._core.remove_draft(name)
             self._draft_paths.pop(name, None)
             if name == "":
@@ -448,7 +471,7 @@ class Engine:
         use_draft = draft is not False
         name = draft if isinstance(draft, str) else ""
         try:
-            with self._lock:
+            with self._locked():
                 return np.asarray(self._core.evaluate(list(tokens), use_draft, all_rows, name, first_row))
         finally:
             _forward_llama_logs()
@@ -461,7 +484,7 @@ class Engine:
         draft head (pyspec.head) reads.
         """
         try:
-            with self._lock:
+            with self._locked():
                 logits, hidden = self._core.evaluate_hidden(list(tokens))
                 return np.asarray(logits), np.asarray(hidden)
         finally:
@@ -473,7 +496,7 @@ class Engine:
         sequence (-1: no cell). After a generation only sequence 0 holds cells."""
         use_draft = draft is not False
         name = draft if isinstance(draft, str) else ""
-        with self._lock:
+        with self._locked():
             tokens, pos_max = self._core.kv_state(use_draft, name)
         return list(tokens), list(pos_max)
 
@@ -502,11 +525,11 @@ class Engine:
     def save_stats(self, path: str | os.PathLike[str]) -> None:
         """Writes what method auto has learnt of how often each kind of draft node is accepted to
         `path` (JSON, atomically), for a later engine's load_stats (pyspec.acceptance). From any
-        thread: waits for a running generation to end (not from inside a stream() loop, which
-        holds the engine until it ends)."""
+        thread: waits for a running generation to end (EngineBusyError from inside a stream()
+        loop whose generation waits for that loop)."""
         from . import acceptance
 
-        with self._lock:
+        with self._locked():
             acceptance.save(self, path)
 
     def load_stats(self, path: str | os.PathLike[str]) -> None:
@@ -517,7 +540,7 @@ class Engine:
         holding a model of the same kind. Waits for a running generation to end, as save_stats."""
         from . import acceptance
 
-        with self._lock:
+        with self._locked():
             acceptance.load(self, path)
 
     # -- cost curves (method "auto") -----------------------------------------------------------
@@ -528,7 +551,7 @@ class Engine:
         method="auto": cached ones (per model file, threads, offload, backend) unless force,
         else measured now (a few seconds per model; progress bar on a terminal) and cached.
         Returns {"target": curve, "draft" or "draft:<name>": curve, ...}."""
-        with self._lock:
+        with self._locked():
             curves = {"target": calibration.ensure(self, None, force=force, repeats=repeats, progress=progress)}
             for name in self._core.draft_names():
                 key = "draft" if name == "" else f"draft:{name}"
@@ -576,7 +599,9 @@ class Engine:
 
         Iterate over the returned stream for str pieces; `stream.result` holds the
         GenerationResult once iteration ends. Breaking out of the loop (or stream.close())
-        cancels the generation; the engine stays usable.
+        cancels the generation; the engine stays usable. The generation holds the engine until it
+        ends: an engine call from inside the loop that would wait for it while it waits for the
+        loop raises EngineBusyError.
         """
         cfg = (config or GenerationConfig()).replace(**options)
         return TextStream(self, self.prompt_tokens(prompt), cfg)
@@ -599,7 +624,7 @@ class Engine:
 
         partial = _core.GenerateResult()
         try:
-            with self._lock:
+            with self._locked():
                 if params.method == "auto":
                     self._ensure_costs(config)
                 core_result = self._core.generate(tokens, params, core_callback, partial)
@@ -673,13 +698,17 @@ class TextStream:
     def __init__(self, engine: Engine, tokens: list[int], config: GenerationConfig) -> None:
         channel = _StreamChannel(self.MAX_PENDING)
         self._channel = channel
+        reader = threading.get_ident()
 
         def work() -> None:
+            me = threading.get_ident()
+            engine._stream_workers[me] = (reader, channel)
             try:
                 channel.result = engine._run(tokens, config, channel.on_chunk)
             except BaseException as exc:  # handed to the consumer thread
                 channel.error = exc
             finally:
+                engine._stream_workers.pop(me, None)
                 try:
                     channel.queue.put_nowait(_DONE)
                 except queue.Full:  # the consumer sees the worker gone once it has drained the queue

@@ -31,6 +31,11 @@ class EngineClosedError(SpecError, RuntimeError):
     """The engine was used after close()."""
 
 
+class EngineBusyError(SpecError, RuntimeError):
+    """The engine was called from the thread that is reading one of its streams, while that stream
+    waits for the thread to read on: the call would wait for the stream forever."""
+
+
 class PoolFileError(SpecError, OSError):
     """A phrase pool file cannot be written or read back (missing, truncated, corrupt, other format)."""
 
@@ -60,6 +65,7 @@ __all__ = [
     "ContextOverflowError",
     "DecodeError",
     "EngineClosedError",
+    "EngineBusyError",
     "PoolFileError",
     "HeadFileError",
     "HeadMismatchError",

@@ -75,6 +75,31 @@ def test_stream_dropped_unread_is_cancelled(engines) -> None:
     assert len(engine.generate("The quick", max_tokens=5).tokens) == 5
 
 
+def test_engine_call_from_a_stream_reading_thread_raises_instead_of_hanging(engines, tmp_path) -> None:
+    """Calling the engine from inside a stream's loop, while the stream's generation holds the
+    engine and waits for that loop to read on, would wait forever: it raises EngineBusyError
+    (generate, save_stats, close alike) and changes nothing; once the stream is closed the engine
+    serves again. A short stream that ends on its own is waited for, not refused."""
+    engine = engines["perturbed"]
+    reference = engine.generate("The quick", max_tokens=8)
+    stream = engine.stream("The quick", max_tokens=400)  # more pieces than the stream's queue holds
+    pieces = iter(stream)
+    next(pieces)
+    with pytest.raises(pyspec.EngineBusyError, match="finish the stream"):
+        engine.generate("The quick", max_tokens=8)
+    with pytest.raises(pyspec.EngineBusyError):
+        engine.save_stats(tmp_path / "stats.json")
+    with pytest.raises(pyspec.EngineBusyError):
+        engine.close()
+    assert not (tmp_path / "stats.json").exists() and not engine.closed
+    stream.close()
+    assert stream.result is not None and stream.result.finish_reason == "cancelled"
+    assert engine.generate("The quick", max_tokens=8).tokens == reference.tokens
+    short = engine.stream("The quick", max_tokens=8)  # ends without being read: waited for
+    assert engine.generate("The quick", max_tokens=8).tokens == reference.tokens
+    assert "".join(short) == reference.text
+
+
 def test_callback_exception_propagates_and_engine_survives(engines) -> None:
     engine = engines["identical"]
 
