@@ -20,13 +20,7 @@ import statistics
 from pathlib import Path
 
 from pyspec import Engine
-from pyspec.bench import ENGINE_N_BATCH, decode_tokens_per_second, suite_prompts
-
-
-def top2_gap(engine: Engine, context: list[int]) -> float:
-    row = engine.evaluate(context)[0]
-    a, b = sorted(row.tolist())[-2:]
-    return b - a
+from pyspec.bench import ENGINE_N_BATCH, _top2_gap, decode_tokens_per_second, suite_prompts
 
 
 def _gap(gap: float | None) -> str:
@@ -72,7 +66,7 @@ def main() -> None:
             tag = "on" if fa else "off"
             none, auto = runs[(fa, "none")], runs[(fa, "auto")]
             at = first_difference(none["tokens"], auto["tokens"])
-            gap = top2_gap(engines[fa], tokens + none["tokens"][:at]) if at is not None and at < len(none["tokens"]) else None
+            gap = _top2_gap(engines[fa], tokens + none["tokens"][:at]) if at is not None and at < len(none["tokens"]) else None
             row[tag] = {"prefill_ms": none["prefill_ms"], "none_tps": none["decode_tps"], "auto_tps": auto["decode_tps"],
                         "auto_differs_at": at, "gap": gap}
         row["none_on_differs_from_off_at"] = first_difference(runs[(False, "none")]["tokens"], runs[(True, "none")]["tokens"])

@@ -78,7 +78,7 @@ def _stats_path(args: argparse.Namespace, engine: Any) -> Path | None:
     path = acceptance.default_path(engine) if default else Path(args.stats_file).expanduser()
     if path.exists():
         try:
-            n = acceptance.load(engine, path)
+            n = engine.load_stats(path)
             logging.getLogger("pyspec").info("auto's acceptance statistics: %d sets loaded from %s", n, path)
         except StatsFileError as exc:
             if not default:
@@ -97,7 +97,6 @@ def add_stats_option(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from . import acceptance
     from .engine import Engine
 
     prompt_text = _read_prompt(args)
@@ -119,7 +118,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         if args.json:
             result = engine.generate(prompt, **kwargs)
             if stats_path is not None:
-                acceptance.save(engine, stats_path)
+                engine.save_stats(stats_path)
             print(json.dumps(result.to_dict(), ensure_ascii=False))
             return 0
         stream = engine.stream(prompt, **kwargs)
@@ -129,7 +128,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         result = stream.result
         assert result is not None
         if stats_path is not None:
-            acceptance.save(engine, stats_path)
+            engine.save_stats(stats_path)
         s = result.stats
         print(file=sys.stdout)
         print(

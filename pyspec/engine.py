@@ -532,16 +532,17 @@ class Engine:
         with self._locked():
             acceptance.save(self, path)
 
-    def load_stats(self, path: str | os.PathLike[str]) -> None:
+    def load_stats(self, path: str | os.PathLike[str]) -> int:
         """Replaces auto's acceptance statistics by a file from save_stats: the engine then plans as
         the requests that taught them left it (each request still checks them against its own
-        outcomes). StatsFileError for a missing or bad file or another target model; the
+        outcomes); returns how many sets of statistics (one per draft slot and lookup setting)
+        it held. StatsFileError for a missing or bad file or another target model; the
         statistics are then unchanged. The draft model's node counts are kept only for a slot
         holding a model of the same kind. Waits for a running generation to end, as save_stats."""
         from . import acceptance
 
         with self._locked():
-            acceptance.load(self, path)
+            return acceptance.load(self, path)
 
     # -- cost curves (method "auto") -----------------------------------------------------------
 

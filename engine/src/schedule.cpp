@@ -274,20 +274,20 @@ double AcceptanceStats::history_weight() const {
     return in_request_ ? 1.0 / (1.0 + std::exp(-history_log_odds_)) : 1.0;
 }
 
-double AcceptanceStats::counts_estimate(int32_t k, int32_t d) const {
-    return (hits_[k][d] + kPriorWeight * prior_mean(k)) / (tries_[k][d] + kPriorWeight);
+namespace {
+// A kind's estimate from hits and tries, pulled towards its prior mean: every request's counts
+// (the history) or the request's own (the priors alone plus this request's outcomes).
+double smoothed(double hits, double tries, int32_t kind) {
+    return (hits + AcceptanceStats::kPriorWeight * prior_mean(kind)) / (tries + AcceptanceStats::kPriorWeight);
 }
-
-double AcceptanceStats::request_estimate(int32_t k, int32_t d) const {
-    return (request_hits_[k][d] + kPriorWeight * prior_mean(k)) / (request_tries_[k][d] + kPriorWeight);
-}
+}  // namespace
 
 double AcceptanceStats::estimate(uint8_t kind, int32_t depth) const {
     const int32_t k = kind < kNumKinds ? kind : 0;
     const int32_t d = depth_cell(k, depth);
-    const double history = counts_estimate(k, d);
+    const double history = smoothed(hits_[k][d], tries_[k][d], k);
     if (!in_request_ || !measured_prior(k)) return history;
-    const double fresh = request_estimate(k, d);
+    const double fresh = smoothed(request_hits_[k][d], request_tries_[k][d], k);
     const double w = history_weight();
     return w * history + (1.0 - w) * fresh;
 }
@@ -297,8 +297,8 @@ void AcceptanceStats::record(uint8_t kind, int32_t depth, bool accepted) {
     const int32_t d = depth_cell(k, depth);
     if (in_request_ && measured_prior(k)) {
         // How each account predicted this outcome, before taking it in.
-        const double history = counts_estimate(k, d);
-        const double fresh = request_estimate(k, d);
+        const double history = smoothed(hits_[k][d], tries_[k][d], k);
+        const double fresh = smoothed(request_hits_[k][d], request_tries_[k][d], k);
         history_log_odds_ += accepted ? std::log(history / fresh) : std::log((1.0 - history) / (1.0 - fresh));
         history_log_odds_ = std::clamp(history_log_odds_, -kMaxLogOdds, kMaxLogOdds);
         request_hits_[k][d] += accepted ? 1.0 : 0.0;

@@ -81,11 +81,11 @@ class FileKeeper:
         self._thread = threading.Thread(target=self._run, name=f"pyspec-{self.counter}-saver", daemon=True)
         self._thread.start()
 
-    def save(self, *, force: bool = False) -> bool:
-        """Saves when the state changed since the last save (or force); False on failure (logged)."""
+    def save(self) -> bool:
+        """Saves when the state changed since the last save; False on failure (logged)."""
         with self._save_lock:
             state = self._state()
-            if not force and state == self._saved_state:
+            if state == self._saved_state:
                 return True
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -191,8 +191,6 @@ public:
     void clear_model();
 
 private:
-    double counts_estimate(int32_t kind, int32_t d) const;   // from every request's counts
-    double request_estimate(int32_t kind, int32_t d) const;  // from the priors and this request's
     double hits_[kNumKinds][kKindDepths];
     double tries_[kNumKinds][kKindDepths];
     double model_hits_ = 0, model_tries_ = 0;
