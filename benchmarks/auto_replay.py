@@ -109,6 +109,75 @@ def copy_bound_sizes(prompt: list[int], output: list[int], curve: Any, max_depth
     return sizes
 
 
+def copyable_lengths(prompt: list[int], output: list[int], max_depth: int) -> list[int]:
+    """For each count c of committed output tokens: the longest d <= max_depth such that
+    output[c:c + d], the tokens a draft proposed at that point would have to guess, occurs
+    somewhere in the text known then (prompt + output[:c]): what a drafter that copies text
+    from the context, knowing which copy is right, could draft there."""
+    lengths = []
+    for c in range(len(output)):
+        context = prompt + output[:c]
+        rest = output[c:c + max_depth]
+        best = 0
+        for j, token in enumerate(context):
+            if token == rest[0]:
+                n = 1
+                while n < len(rest) and j + n < len(context) and context[j + n] == rest[n]:
+                    n += 1
+                best = max(best, n)
+        lengths.append(best)
+    return lengths
+
+
+def copy_optimum_ms(prompt: list[int], output: list[int], curve: Any, max_depth: int = 192) -> float:
+    """The least modelled time in which any drafter that proposes only copies of the context
+    (prompt lookup, phrase pools, llama.cpp's n-gram modes) could produce `output`: an oracle
+    that knows the output, drafts at each step any copyable stretch of it (copyable_lengths) and
+    may pad a draft with tokens it knows will be rejected when a bigger step costs less (a
+    step of 1 + d tokens commits the d drafted tokens and the target's own next one). Dynamic
+    programming over the committed count, exact for the curve given."""
+    n = len(output)
+    lengths = copyable_lengths(prompt, output, max_depth)
+    sizes = range(1, max_depth + 2)
+    padded = {}  # step size -> the cheapest step of at least that many tokens
+    best = float("inf")
+    for k in reversed(sizes):
+        best = min(best, curve.at(k))
+        padded[k] = best
+    time = [0.0] * (n + 1)
+    for c in range(n - 1, -1, -1):
+        time[c] = min(padded[1 + d] + time[c + 1 + d] for d in range(0, min(lengths[c], n - c - 1) + 1))
+    return time[0]
+
+
+def ngram_simple_sizes(prompt: list[int], output: list[int], size_n: int = 12, size_m: int = 48) -> list[int]:
+    """Step sizes of llama.cpp's `--spec-type ngram-simple` (common/ngram-map.cpp at the pinned
+    commit, default sizes 12 and 48) on this output, greedy: with the history H = prompt + the
+    committed output (its last token the one the step decodes), the last size_n tokens of H are
+    searched for in H without its last token, latest occurrence first; when one is found with
+    at least size_n tokens after it there, up to size_m of them are drafted. A step decodes the
+    last token and the draft and commits the accepted draft tokens and the target's next one."""
+    sizes, c = [], 0
+    while c < len(output):
+        history = prompt + output[:c]
+        tokens, pattern = history[:-1], history[-size_n:]
+        draft: list[int] = []
+        if len(tokens) > size_n + size_m + 1:
+            for j in range(len(tokens) - size_n - 1, 0, -1):
+                if tokens[j:j + size_n] == pattern:
+                    copy_max = min(size_m, len(tokens) - (j + size_n))
+                    if copy_max >= size_n:
+                        draft = tokens[j + size_n:j + size_n + copy_max]
+                    break
+        accepted = 0
+        while accepted < len(draft) and c + accepted < len(output) and draft[accepted] == output[c + accepted]:
+            accepted += 1
+        accepted = min(accepted, len(output) - c - 1)
+        sizes.append(1 + len(draft))
+        c += accepted + 1
+    return sizes
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bench", type=Path, action="append", default=[], help="pyspec bench --json file(s) with none")
@@ -129,9 +198,18 @@ def main() -> int:
                          "and --actual-context, e.g. the target at a long context) while auto plans from "
                          "the cached calibration, as the engine does at that context")
     ap.add_argument("--actual-context", default="2048", help="which curve of the --actual-curve file")
+    ap.add_argument("--prior-curve", type=Path,
+                    help="plan from this curve instead of the cached calibration (the same format; "
+                         "--prior-context picks the curve)")
+    ap.add_argument("--prior-context", default="128", help="which curve of the --prior-curve file")
     ap.add_argument("--copy-bound", action="store_true",
                     help="also the modelled speed of drafting exactly the copyable continuation each step "
                          "(the output known in advance): how much copy drafting could gain at all")
+    ap.add_argument("--copy-optimum", action="store_true",
+                    help="also the modelled speed of the best any copy drafter could do (copy_optimum_ms: "
+                         "an oracle over copies of the context, cost-optimal steps) and of llama.cpp's "
+                         "ngram-simple mode (ngram_simple_sizes), and auto and the optimum over ngram-simple "
+                         "per prompt: whether a goal against llama.cpp's n-gram modes is within reach of copying")
     ap.add_argument("--by-kind", action="store_true",
                     help="per kind of the drafted first node (prompt lookup, pool, ... by match length): steps, "
                          "tokens drafted and accepted, and the modelled time those steps gained and lost against "
@@ -143,6 +221,9 @@ def main() -> int:
 
     engine = Engine(TARGET, n_ctx=4096, n_threads=2)
     curve = target_calibration(engine)
+    if args.prior_curve:
+        planned = json.loads(args.prior_curve.read_text(encoding="utf-8"))[args.prior_context]
+        curve = calibration.CostCurve(tuple(planned["n_tokens"]), tuple(planned["ms"]))
     core_curve = curve._core()
     actual = curve
     if args.actual_curve:
@@ -182,6 +263,9 @@ def main() -> int:
                          "drafted": sum(sizes) - len(sizes), "accepted": sum(accepted)})
             if args.copy_bound:
                 rows[-1]["bound"] = n / model_cost(actual, copy_bound_sizes(prompts[pid], output, actual)) * 1e3
+            if args.copy_optimum:
+                rows[-1]["optimum"] = n / copy_optimum_ms(prompts[pid], output, actual) * 1e3
+                rows[-1]["ngram_simple"] = n / model_cost(actual, ngram_simple_sizes(prompts[pid], output)) * 1e3
         med = lambda key: statistics.median(r[key] for r in rows)  # noqa: E731
         ratio = lambda a, b: statistics.median(r[a] / r[b] for r in rows)  # noqa: E731
         geo = lambda key: statistics.geometric_mean(r[key] / r["none"] for r in rows)  # noqa: E731
@@ -194,6 +278,12 @@ def main() -> int:
         if args.copy_bound:
             print(f"  copy bound: tok/s {med('bound'):.1f}, bound/none {ratio('bound', 'none'):.2f}x, "
                   f"geometric mean {geo('bound'):.2f}x")
+        if args.copy_optimum:
+            share = sum(1 for r in rows if r["optimum"] / r["ngram_simple"] >= 1.15) / len(rows)
+            print(f"  copy optimum: tok/s {med('optimum'):.1f}, optimum/none {ratio('optimum', 'none'):.2f}x; "
+                  f"ngram-simple: tok/s {med('ngram_simple'):.1f}, /none {ratio('ngram_simple', 'none'):.2f}x; "
+                  f"auto/ngram-simple {ratio('auto', 'ngram_simple'):.2f}x, optimum/ngram-simple "
+                  f"{ratio('optimum', 'ngram_simple'):.2f}x (>= 1.15x on {share:.0%} of the prompts)")
         if args.by_kind:
             total = sum(model_cost(actual, list(sizes)) for sizes, _, _ in replayed)
             print(f"  by first node kind (modelled auto time {total / 1e3:.1f} s; gained / lost: against decoding "
@@ -204,6 +294,9 @@ def main() -> int:
         if args.per_prompt:
             for r in rows:
                 bound = f" copy bound {r['bound']:5.1f}" if "bound" in r else ""
+                if "optimum" in r:
+                    bound += (f" optimum {r['optimum']:5.1f} ngram-simple {r['ngram_simple']:5.1f} "
+                              f"optimum/ngram-simple {r['optimum'] / r['ngram_simple']:.2f}x")
                 print(f"  {r['prompt_id']:<16} auto {r['auto']:5.1f} calls {r['calls']:3d} "
                       f"drafted {r['drafted']:4d} accepted {r['accepted']:4d}{bound}")
         report[suite] = rows

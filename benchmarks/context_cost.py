@@ -7,6 +7,10 @@ tokens on the development CPU, close to one factor), so the cost model's correct
 --actual-curve`) can be checked against the machine. A timing: run it with the machine idle.
 
     python benchmarks/context_cost.py --contexts 128,1024,2048 --json ctx.json
+    python benchmarks/context_cost.py --contexts 128 --every-size --json every.json
+
+`--every-size` times every size from 1 to 64, each on its own (the calibration's sizes are made
+non-decreasing, which hides a size that costs less than the one before it): slower, minutes.
 """
 
 from __future__ import annotations
@@ -21,6 +25,18 @@ from pyspec import Engine, calibration
 TARGET = "qwen2.5-coder-1.5b-instruct"
 
 
+def every_size(engine: Engine, repeats: int, context: int) -> calibration.CostCurve:
+    """Each size k in 1..64 timed apart (one token and k, `repeats` rounds, the median), so that
+    no size's time is raised to a smaller size's, as the calibration's running maximum does."""
+    sizes = list(range(1, 65))
+    ms = []
+    for k in sizes:
+        timed = engine._core.time_decodes([1, k] if k > 1 else [1], repeats=repeats, all_rows=True, context=context)
+        ms.append(float(timed.ms[-1]))
+        print(f"context {context}: {k} tokens {ms[-1]:.1f} ms", file=sys.stderr, flush=True)
+    return calibration.CostCurve(tuple(sizes), tuple(ms))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default=TARGET)
@@ -28,6 +44,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-ctx", type=int, default=4096)
+    ap.add_argument("--every-size", action="store_true",
+                    help="every size from 1 to 64, each timed on its own and not made non-decreasing")
     ap.add_argument("--json", type=Path, help="write {context: {n_tokens, ms}} here")
     args = ap.parse_args()
     contexts = list(dict.fromkeys(int(c) for c in args.contexts.split(",")))  # each once, in order
@@ -35,7 +53,8 @@ def main() -> int:
     curves = {}
     try:
         for c in contexts:
-            curves[c] = calibration.measure(engine, None, repeats=args.repeats, context=c)
+            curves[c] = (every_size(engine, args.repeats, c) if args.every_size
+                         else calibration.measure(engine, None, repeats=args.repeats, context=c))
     finally:
         engine.close()
     base = curves[contexts[0]]
