@@ -20,6 +20,12 @@ Prints per suite: modelled tokens/s of `none` and `auto`, their ratio (median of
 ratios), tokens per target call and the share of plain steps; `--per-prompt` for a
 row per prompt. What the replay leaves out: the draft model (auto's proposals are prompt lookup
 and pool phrases only) and the pool's harvest of rejected drafts.
+
+`--copy-optimum` also models, on the same outputs and curve, llama.cpp's ngram-simple mode step by
+step (its draft counts checked against the tool's own in the bench file) and the least time any
+drafter of copies could take (an oracle): how far a goal against llama.cpp's n-gram modes is
+within reach of copying, and how much of that `auto` takes (docs/results-speed.md, "How far
+copying can go on the Zen 4"). `--prior-curve` plans from another curve than the calibration.
 """
 
 from __future__ import annotations
@@ -48,6 +54,16 @@ def recorded_runs(bench_json: Path) -> tuple[str, list[tuple[str, list[int]]]]:
     if none is None:
         raise SystemExit(f"{bench_json}: no `none` results to replay")
     return data["suite"], [(p["prompt_id"], list(p["tokens"])) for p in none["per_prompt"]]
+
+
+def tool_drafted(bench_json: Path, method: str) -> dict[str, int]:
+    """Per prompt id: the draft tokens a llama.cpp tool counted in a `pyspec bench --json` file
+    (its own `n_drafted`), for the prompts it ran; empty without that method."""
+    data = json.loads(bench_json.read_text(encoding="utf-8"))
+    runs = next((r for r in data["results"] if r["method"] == method), None)
+    if runs is None:
+        return {}
+    return {p["prompt_id"]: int(p["n_drafted"]) for p in runs["per_prompt"] if p.get("n_drafted") is not None}
 
 
 def generated_runs(engine: Engine, suite: str, n: int, max_tokens: int) -> list[tuple[str, list[int]]]:
@@ -150,14 +166,19 @@ def copy_optimum_ms(prompt: list[int], output: list[int], curve: Any, max_depth:
     return time[0]
 
 
-def ngram_simple_sizes(prompt: list[int], output: list[int], size_n: int = 12, size_m: int = 48) -> list[int]:
+def ngram_simple_steps(prompt: list[int], output: list[int], max_tokens: int, size_n: int = 12,
+                       size_m: int = 48) -> tuple[list[int], int]:
     """Step sizes of llama.cpp's `--spec-type ngram-simple` (common/ngram-map.cpp at the pinned
-    commit, default sizes 12 and 48) on this output, greedy: with the history H = prompt + the
-    committed output (its last token the one the step decodes), the last size_n tokens of H are
-    searched for in H without its last token, latest occurrence first; when one is found with
-    at least size_n tokens after it there, up to size_m of them are drafted. A step decodes the
-    last token and the draft and commits the accepted draft tokens and the target's next one."""
-    sizes, c = [], 0
+    commit, default sizes 12 and 48) on this output, greedy, and the draft tokens the tool would
+    count: with the history H = prompt + the committed output (its last token the one the step
+    decodes), the last size_n tokens of H are searched for in H without its last token, latest
+    occurrence first; when one is found with at least size_n tokens after it there, up to size_m
+    of them are drafted, cut to the tool's budget (`pyspec bench` runs it with `-n max_tokens -
+    1`: max_tokens - 2 - committed tokens). With no budget left it drafts without a limit, past
+    the end; that step is a plain one in the sizes, as the bench's speed up to the limit leaves
+    the overrun out, but its draft is counted. A step decodes the last token and the draft and
+    commits the accepted draft tokens and the target's next one."""
+    sizes, c, n_drafted = [], 0, 0
     while c < len(output):
         history = prompt + output[:c]
         tokens, pattern = history[:-1], history[-size_n:]
@@ -169,13 +190,19 @@ def ngram_simple_sizes(prompt: list[int], output: list[int], size_n: int = 12, s
                     if copy_max >= size_n:
                         draft = tokens[j + size_n:j + size_n + copy_max]
                     break
+        budget = max_tokens - 2 - c
+        if budget > 0:
+            draft = draft[:budget]
+        n_drafted += len(draft)
+        if budget <= 0:
+            draft = []
         accepted = 0
         while accepted < len(draft) and c + accepted < len(output) and draft[accepted] == output[c + accepted]:
             accepted += 1
         accepted = min(accepted, len(output) - c - 1)
         sizes.append(1 + len(draft))
         c += accepted + 1
-    return sizes
+    return sizes, n_drafted
 
 
 def main() -> int:
@@ -236,9 +263,14 @@ def main() -> int:
         params.lookup.blank_line_tokens, params.lookup.unit_start_tokens = engine._core.layout_tokens()
     corpus = engine._core.load_ngram(str(args.ngram)) if args.ngram else None  # checked against the target
     jobs = [recorded_runs(p) for p in args.bench]
+    # what llama-speculative-simple's ngram-simple drafted in the same bench run, to check the model by
+    drafted_by_tool = [tool_drafted(p, "llama.cpp-ngram-simple") for p in args.bench]
+    limits = [int(json.loads(p.read_text(encoding="utf-8"))["max_tokens"]) for p in args.bench]
     jobs += [(s, generated_runs(engine, s, args.n, args.max_tokens)) for s in args.suite]
+    drafted_by_tool += [{} for _ in args.suite]
+    limits += [args.max_tokens for _ in args.suite]
     report = {}
-    for suite, runs in jobs:
+    for (suite, runs), tool_counts, max_tokens in zip(jobs, drafted_by_tool, limits):
         prompts = prompt_tokens(engine, suite, len(runs))
         requests = [(prompts[pid], tokens) for pid, tokens in runs if tokens]
         ids = [pid for pid, tokens in runs if tokens]
@@ -265,7 +297,10 @@ def main() -> int:
                 rows[-1]["bound"] = n / model_cost(actual, copy_bound_sizes(prompts[pid], output, actual)) * 1e3
             if args.copy_optimum:
                 rows[-1]["optimum"] = n / copy_optimum_ms(prompts[pid], output, actual) * 1e3
-                rows[-1]["ngram_simple"] = n / model_cost(actual, ngram_simple_sizes(prompts[pid], output)) * 1e3
+                ngram_sizes, ngram_drafted = ngram_simple_steps(prompts[pid], output, max_tokens)
+                rows[-1]["ngram_simple"] = n / model_cost(actual, ngram_sizes) * 1e3
+                if pid in tool_counts:
+                    rows[-1]["ngram_simple_drafted"] = (ngram_drafted, tool_counts[pid])
         med = lambda key: statistics.median(r[key] for r in rows)  # noqa: E731
         ratio = lambda a, b: statistics.median(r[a] / r[b] for r in rows)  # noqa: E731
         geo = lambda key: statistics.geometric_mean(r[key] / r["none"] for r in rows)  # noqa: E731
@@ -284,6 +319,11 @@ def main() -> int:
                   f"ngram-simple: tok/s {med('ngram_simple'):.1f}, /none {ratio('ngram_simple', 'none'):.2f}x; "
                   f"auto/ngram-simple {ratio('auto', 'ngram_simple'):.2f}x, optimum/ngram-simple "
                   f"{ratio('optimum', 'ngram_simple'):.2f}x (>= 1.15x on {share:.0%} of the prompts)")
+            checked = [r["ngram_simple_drafted"] for r in rows if "ngram_simple_drafted" in r]
+            if checked:
+                same = sum(1 for modelled, counted in checked if modelled == counted)
+                print(f"  ngram-simple's modelled draft tokens equal llama-speculative-simple's own count on "
+                      f"{same} of {len(checked)} prompts")
         if args.by_kind:
             total = sum(model_cost(actual, list(sizes)) for sizes, _, _ in replayed)
             print(f"  by first node kind (modelled auto time {total / 1e3:.1f} s; gained / lost: against decoding "

@@ -525,3 +525,55 @@ def test_auto_replay_reads_the_prompts_of_a_sliced_suite(monkeypatch: pytest.Mon
     assert list(module.prompt_tokens(engine, "s", 3)) == ["s/0", "s/1", "s/2"] and asked[-1] == ("s", 3)
     with pytest.raises(ValueError, match="bad prompt slice"):
         module.prompt_tokens(engine, "s[5:2]", 3)
+
+
+class _Curve:
+    """A cost curve as auto_replay's models read it: at(k), the time of a step of k tokens."""
+
+    def __init__(self, fn: Any) -> None:
+        self.at = fn
+
+
+def test_copy_optimum_is_the_cheapest_split_of_the_copyable_stretches() -> None:
+    """benchmarks/auto_replay.py --copy-optimum: with free batches the optimum is the fewest steps
+    a drafter of copies could take (a step drafts any stretch of the output found in the text known
+    before it, and commits it and the target's own next token); with steps that cost their tokens
+    nothing can gain, and a cheaper larger step is taken by padding."""
+    module = _benchmark_script("auto_replay")
+    prompt = list(range(100, 120))
+    copied = list(range(100, 110))  # ten tokens of the prompt
+    fresh = [7, 8, 9]  # found nowhere before
+    output = fresh + copied + fresh
+    assert module.copyable_lengths(prompt, output, 64)[:4] == [0, 0, 0, 10]  # output[3:13] is the prompt's
+    # the second `fresh` is found in the output: after 13 tokens, output[13:16] occurred at 0
+    assert module.copyable_lengths(prompt, output, 64)[13] == 3
+    free = _Curve(lambda k: 1.0)
+    # 7 | 8 | 9 | the copy drafted, the step committing it and the target's 7 | 8 drafted (found
+    # after the output's first 7), the step committing it and 9: five steps, none fewer
+    assert module.copy_optimum_ms(prompt, output, free) == 5.0
+    linear = _Curve(lambda k: 2.0 * k)
+    assert module.copy_optimum_ms(prompt, output, linear) == 2.0 * len(output)
+    # a step of 4 tokens costs less than one of 2 or 3: a 1-token copy is padded to it
+    stepped = _Curve(lambda k: {1: 1.0, 2: 3.0, 3: 3.0, 4: 1.5}.get(k, 100.0))
+    assert module.copy_optimum_ms([5], [1, 5, 2], stepped) == 1.0 + 1.5
+
+
+def test_ngram_simple_model_drafts_as_the_tool_does() -> None:
+    """auto_replay.ngram_simple_steps: llama.cpp's ngram-simple (12-token key, latest earlier
+    occurrence, up to 48 drafted when at least 12 follow it), cut to the tool's budget of
+    max_tokens - 2 - committed, and past it one unlimited draft that is counted but not decoded."""
+    module = _benchmark_script("auto_replay")
+    text = list(range(1000, 1100))  # 100 distinct tokens
+    prompt = list(range(1, 40)) + text + list(range(2000, 2010)) + text[:12]
+    # the output goes on with the text the last 12 prompt tokens started: a copy from text[12:]
+    output = text[12:80] + [9000 + i for i in range(20)]
+    sizes, drafted = module.ngram_simple_steps(prompt, output, max_tokens=192)
+    # 48 drafted and taken with the target's next token; then 48 more, 19 of them taken (the
+    # output leaves the text at text[80]); then no key of the new tokens is found
+    assert sizes[:3] == [49, 49, 1] and drafted == 96
+    assert sum(1 for k in sizes if k == 1) == len(sizes) - 2
+    # a budget of 30 tokens (-n 29): the first draft is cut to 28; with no budget left the tool
+    # drafts 48 past the end, counted, while the step decodes one token
+    assert module.ngram_simple_steps(prompt, output[:30], max_tokens=30) == ([29, 1], 28 + 48)
+    # no key of 12 tokens repeats: nothing drafted
+    assert module.ngram_simple_steps(list(range(200)), [7] * 5, max_tokens=192) == ([1] * 5, 0)
