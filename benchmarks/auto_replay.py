@@ -235,7 +235,7 @@ def main() -> int:
     ap.add_argument("--copy-optimum", action="store_true",
                     help="also the modelled speed of the best any copy drafter could do (copy_optimum_ms: "
                          "an oracle over copies of the context, cost-optimal steps) and of llama.cpp's "
-                         "ngram-simple mode (ngram_simple_sizes), and auto and the optimum over ngram-simple "
+                         "ngram-simple mode (ngram_simple_steps), and auto and the optimum over ngram-simple "
                          "per prompt: whether a goal against llama.cpp's n-gram modes is within reach of copying")
     ap.add_argument("--by-kind", action="store_true",
                     help="per kind of the drafted first node (prompt lookup, pool, ... by match length): steps, "
