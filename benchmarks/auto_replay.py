@@ -47,19 +47,18 @@ from pyspec.models import Cache
 TARGET = "qwen2.5-coder-1.5b-instruct"
 
 
-def recorded_runs(bench_json: Path) -> tuple[str, list[tuple[str, list[int]]]]:
-    """(suite, [(prompt id, none's tokens)]) from a `pyspec bench --json` file."""
-    data = json.loads(bench_json.read_text(encoding="utf-8"))
+def recorded_runs(bench_json: Path | dict[str, Any]) -> tuple[str, list[tuple[str, list[int]]]]:
+    """(suite, [(prompt id, none's tokens)]) from a `pyspec bench --json` file (or its content)."""
+    data = json.loads(bench_json.read_text(encoding="utf-8")) if isinstance(bench_json, Path) else bench_json
     none = next((r for r in data["results"] if r["method"] == "none"), None)
     if none is None:
         raise SystemExit(f"{bench_json}: no `none` results to replay")
     return data["suite"], [(p["prompt_id"], list(p["tokens"])) for p in none["per_prompt"]]
 
 
-def tool_drafted(bench_json: Path, method: str) -> dict[str, int]:
-    """Per prompt id: the draft tokens a llama.cpp tool counted in a `pyspec bench --json` file
+def tool_drafted(data: dict[str, Any], method: str) -> dict[str, int]:
+    """Per prompt id: the draft tokens a llama.cpp tool counted in a `pyspec bench --json` report
     (its own `n_drafted`), for the prompts it ran; empty without that method."""
-    data = json.loads(bench_json.read_text(encoding="utf-8"))
     runs = next((r for r in data["results"] if r["method"] == method), None)
     if runs is None:
         return {}
@@ -106,20 +105,13 @@ def copy_bound_sizes(prompt: list[int], output: list[int], curve: Any, max_depth
     plainly. A reference for copy drafting (lookup, pool), not for a draft model, and not a strict
     upper bound: it drafts the whole copyable run whenever that beats plain decoding, not the
     cost-optimal split of it into steps."""
-    context, sizes, i = list(prompt), [], 0
+    # the run after the target's token output[i] is the copyable stretch at i + 1 committed tokens
+    lengths = copyable_lengths(prompt, output, max_depth)
+    sizes, i = [], 0
     while i < len(output):
-        context.append(output[i])
-        rest = output[i + 1:i + 1 + max_depth]
-        best = 0
-        for j, token in enumerate(context):
-            if rest and token == rest[0]:
-                n = 0
-                while n < len(rest) and j + n < len(context) and context[j + n] == rest[n]:
-                    n += 1
-                best = max(best, n)
+        best = lengths[i + 1] if i + 1 < len(output) else 0
         if best and curve.at(1 + best) > (1 + best) * curve.at(1):
             best = 0
-        context.extend(rest[:best])
         sizes.append(1 + best)
         i += 1 + best
     return sizes
@@ -262,10 +254,11 @@ def main() -> int:
     if not args.no_boundaries:
         params.lookup.blank_line_tokens, params.lookup.unit_start_tokens = engine._core.layout_tokens()
     corpus = engine._core.load_ngram(str(args.ngram)) if args.ngram else None  # checked against the target
-    jobs = [recorded_runs(p) for p in args.bench]
+    reports = [json.loads(p.read_text(encoding="utf-8")) for p in args.bench]
+    jobs = [recorded_runs(data) for data in reports]
     # what llama-speculative-simple's ngram-simple drafted in the same bench run, to check the model by
-    drafted_by_tool = [tool_drafted(p, "llama.cpp-ngram-simple") for p in args.bench]
-    limits = [int(json.loads(p.read_text(encoding="utf-8"))["max_tokens"]) for p in args.bench]
+    drafted_by_tool = [tool_drafted(data, "llama.cpp-ngram-simple") for data in reports]
+    limits = [int(data["max_tokens"]) for data in reports]
     jobs += [(s, generated_runs(engine, s, args.n, args.max_tokens)) for s in args.suite]
     drafted_by_tool += [{} for _ in args.suite]
     limits += [args.max_tokens for _ in args.suite]
