@@ -25,7 +25,9 @@ and pool phrases only) and the pool's harvest of rejected drafts.
 step (its draft counts checked against the tool's own in the bench file) and the least time any
 drafter of copies could take (an oracle): how far a goal against llama.cpp's n-gram modes is
 within reach of copying, and how much of that `auto` takes (docs/results-speed.md, "How far
-copying can go on the Zen 4"). `--prior-curve` plans from another curve than the calibration.
+copying can go on the Zen 4"). `--trace PROMPT_ID` prints that prompt's output position by
+position with the optimum's steps beside `auto`'s: where `auto` starts a copy later than the
+oracle, or drafts into a break. `--prior-curve` plans from another curve than the calibration.
 """
 
 from __future__ import annotations
@@ -137,25 +139,59 @@ def copyable_lengths(prompt: list[int], output: list[int], max_depth: int) -> li
     return lengths
 
 
-def copy_optimum_ms(prompt: list[int], output: list[int], curve: Any, max_depth: int = 192) -> float:
+def copy_optimum_steps(prompt: list[int], output: list[int], curve: Any,
+                       max_depth: int = 192) -> tuple[float, list[tuple[int, int, int]]]:
     """The least modelled time in which any drafter that proposes only copies of the context
-    (prompt lookup, phrase pools, llama.cpp's n-gram modes) could produce `output`: an oracle
-    that knows the output, drafts at each step any copyable stretch of it (copyable_lengths) and
-    may pad a draft with tokens it knows will be rejected when a bigger step costs less (a
-    step of 1 + d tokens commits the d drafted tokens and the target's own next one). Dynamic
-    programming over the committed count, exact for the curve given."""
+    (prompt lookup, phrase pools, llama.cpp's n-gram modes) could produce `output`, and its steps:
+    an oracle that knows the output, drafts at each step any copyable stretch of it
+    (copyable_lengths) and may pad a draft with tokens it knows will be rejected when a bigger
+    step costs less (a step of 1 + d tokens commits the d drafted tokens and the target's own
+    next one). Dynamic programming over the committed count, exact for the curve given. Steps:
+    (committed count before the step, tokens drafted and accepted, step size paid)."""
     n = len(output)
     lengths = copyable_lengths(prompt, output, max_depth)
-    sizes = range(1, max_depth + 2)
-    padded = {}  # step size -> the cheapest step of at least that many tokens
-    best = float("inf")
-    for k in reversed(sizes):
-        best = min(best, curve.at(k))
+    padded: dict[int, tuple[float, int]] = {}  # step size -> the cheapest step of at least that many tokens
+    best = (float("inf"), 0)
+    for k in range(max_depth + 1, 0, -1):
+        best = min(best, (curve.at(k), k))
         padded[k] = best
     time = [0.0] * (n + 1)
+    choice = [0] * n
     for c in range(n - 1, -1, -1):
-        time[c] = min(padded[1 + d] + time[c + 1 + d] for d in range(0, min(lengths[c], n - c - 1) + 1))
-    return time[0]
+        time[c], choice[c] = min((padded[1 + d][0] + time[c + 1 + d], d)
+                                 for d in range(0, min(lengths[c], n - c - 1) + 1))
+    steps, c = [], 0
+    while c < n:
+        steps.append((c, choice[c], padded[1 + choice[c]][1]))
+        c += 1 + choice[c]
+    return time[0], steps
+
+
+def copy_optimum_ms(prompt: list[int], output: list[int], curve: Any, max_depth: int = 192) -> float:
+    """copy_optimum_steps' time alone."""
+    return copy_optimum_steps(prompt, output, curve, max_depth)[0]
+
+
+def trace_lines(output: list[int], pieces: list[str], lengths: list[int], auto_steps: list[tuple[int, int, str]],
+                optimum_steps: list[tuple[int, int, int]]) -> list[str]:
+    """One line per output position: the position, its copyable length (copyable_lengths), where
+    a step of the copy optimum starts there (+drafted, and the size paid when padded), where one of
+    auto's starts (drafted, accepted, the first node's kind), and the token's text. auto_steps:
+    (size, accepted, kind name) per step in order."""
+    optimum = {c: (d, k) for c, d, k in optimum_steps}
+    auto: dict[int, str] = {}
+    c = 0
+    for size, accepted, kind in auto_steps:
+        auto[c] = f"d{size - 1} a{accepted}" + (f" {kind}" if size > 1 else "")
+        c += 1 + accepted
+    lines = []
+    for i in range(len(output)):
+        o = ""
+        if i in optimum:
+            d, k = optimum[i]
+            o = f"+{d}" + (f" (paid {k})" if k != 1 + d else "")
+        lines.append(f"{i:5d}  L{lengths[i]:<4d} {o:<14} {auto.get(i, ''):<32} {pieces[i]!r}")
+    return lines
 
 
 def ngram_simple_steps(prompt: list[int], output: list[int], max_tokens: int, size_n: int = 12,
@@ -235,6 +271,9 @@ def main() -> int:
                          "decoding their tokens plainly")
     ap.add_argument("--ngram", type=Path,
                     help="an n-gram table (`pyspec ngram build`) auto also drafts from, as Engine(ngram=...)")
+    ap.add_argument("--trace", metavar="PROMPT_ID",
+                    help="print every position of this prompt's output: its copyable length, the copy "
+                         "optimum's steps and auto's, both charged the curve the steps are charged")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args()
 
@@ -288,6 +327,13 @@ def main() -> int:
                          "drafted": sum(sizes) - len(sizes), "accepted": sum(accepted)})
             if args.copy_bound:
                 rows[-1]["bound"] = n / model_cost(actual, copy_bound_sizes(prompts[pid], output, actual)) * 1e3
+            if args.trace == pid:
+                _, optimum_steps = copy_optimum_steps(prompts[pid], output, actual)
+                pieces = [engine.detokenize_bytes([t]).decode("utf-8", "replace") for t in output]
+                named = [(size, acc, _core.kind_name(kind)) for size, acc, kind in zip(sizes, accepted, kinds)]
+                print(f"{pid}: position, copyable length, copy optimum step, auto step, token")
+                print("\n".join(trace_lines(output, pieces, copyable_lengths(prompts[pid], output, 192), named,
+                                            optimum_steps)))
             if args.copy_optimum:
                 rows[-1]["optimum"] = n / copy_optimum_ms(prompts[pid], output, actual) * 1e3
                 ngram_sizes, ngram_drafted = ngram_simple_steps(prompts[pid], output, max_tokens)

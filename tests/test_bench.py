@@ -556,6 +556,29 @@ def test_copy_optimum_is_the_cheapest_split_of_the_copyable_stretches() -> None:
     # a step of 4 tokens costs less than one of 2 or 3: a 1-token copy is padded to it
     stepped = _Curve(lambda k: {1: 1.0, 2: 3.0, 3: 3.0, 4: 1.5}.get(k, 100.0))
     assert module.copy_optimum_ms([5], [1, 5, 2], stepped) == 1.0 + 1.5
+    # its steps: (committed before, drafted, size paid), covering the output once each, each
+    # drafting a copyable stretch, paid what the time says
+    time, steps = module.copy_optimum_steps(prompt, output, free)
+    lengths = module.copyable_lengths(prompt, output, 192)
+    assert time == 5.0 and len(steps) == 5 and steps[0][0] == 0
+    for (c, d, k), following in zip(steps, [s[0] for s in steps[1:]] + [len(output)]):
+        assert c + 1 + d == following and d <= lengths[c] and k == 1 + d
+    assert module.copy_optimum_steps([5], [1, 5, 2], stepped) == (2.5, [(0, 0, 1), (1, 1, 4)])  # 5 padded to 4
+
+
+def test_trace_lines_put_the_optimum_and_auto_side_by_side() -> None:
+    """auto_replay.py --trace: one line per output position, the optimum's and auto's steps where
+    they start (auto's from its step sizes and accepted counts), padding shown as the size paid."""
+    module = _benchmark_script("auto_replay")
+    output = [1, 2, 3, 4, 5]
+    lines = module.trace_lines(output, ["a", "b", "c", "d", "e"], [0, 3, 2, 1, 0],
+                               [(1, 0, "unknown"), (4, 2, "lookup m4"), (1, 0, "unknown")],
+                               [(0, 0, 1), (1, 2, 4), (4, 0, 1)])
+    assert len(lines) == 5
+    assert lines[0].split() == ["0", "L0", "+0", "d0", "a0", "'a'"]
+    assert lines[1].split() == ["1", "L3", "+2", "(paid", "4)", "d3", "a2", "lookup", "m4", "'b'"]
+    assert lines[2].split() == ["2", "L2", "'c'"]
+    assert lines[4].split() == ["4", "L0", "+0", "d0", "a0", "'e'"]
 
 
 def test_ngram_simple_model_drafts_as_the_tool_does() -> None:
