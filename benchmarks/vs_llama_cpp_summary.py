@@ -11,17 +11,26 @@ records, so reports written before a figure existed get it too.
     python benchmarks/vs_llama_cpp_summary.py --merge part1.json part2.json
     # parts run with different methods: only the methods every part ran
     python benchmarks/vs_llama_cpp_summary.py --merge --common-methods part1.json part2.json
+    # what the first figure reads when nothing is faster than anything: the noise floor
+    python benchmarks/vs_llama_cpp_summary.py --noise-floor benchmarks/results/vs_llama_cpp_mtbench_zen4_repeats3.json
 
 The best mode of each prompt is the fastest of several noisy runs; where every mode decodes at
 about plain speed (chat, GSM8K) that maximum sits above any one mode's typical run. The suite's
 best mode is the one mode with the highest median over the suite, chosen once, as a user
-configures one.
+configures one. `--noise-floor` (reports run with `--repeats` 2 or more) says how far: from the
+run-to-run spread of the plain-speed methods' decode tok/s (`none` and `llama.cpp`, every run of
+every prompt), the figure "auto / best mode of each prompt" would read if auto and every mode
+decoded at one true speed, each keeping the report's middle run as the bench does (median and
+90% range of the median over the report's prompts; seeded simulation).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import random
+import statistics
 import sys
 from pathlib import Path
 
@@ -93,6 +102,56 @@ def summary_row(report: dict, name: str, method: str = "auto") -> str:
             f"{text[1]}{f' ({mode})' if mode else ''} | {text[2]} | {text[3]} |")
 
 
+PLAIN_SPEED_METHODS = ("none", "llama.cpp")
+
+
+def run_spread(report: dict) -> tuple[float, int] | None:
+    """The run-to-run standard deviation of log decode tok/s of the plain-speed methods (each
+    prompt's runs around their own mean, with the n - 1 correction) and the runs per prompt; None
+    without repeats."""
+    deviations, n_runs = [], 0
+    for result in report["results"]:
+        if result["method"] not in PLAIN_SPEED_METHODS:
+            continue
+        for x in result["per_prompt"]:
+            rates = x.get("repeat_decode_tokens_per_second") or []
+            if len(rates) < 2:
+                continue
+            n_runs = len(rates)
+            logs = [math.log(r) for r in rates]
+            mean = statistics.fmean(logs)
+            deviations += [v - mean for v in logs]
+    if not deviations:
+        return None
+    return math.sqrt(sum(d * d for d in deviations) * n_runs / (len(deviations) * (n_runs - 1))), n_runs
+
+
+def noise_floor(sd: float, n_runs: int, n_modes: int, n_prompts: int, rounds: int = 2000,
+                seed: int = 0) -> tuple[float, float, float]:
+    """The median over n_prompts prompts of one method's kept run / the fastest of n_modes other
+    methods' kept runs, all of one true speed, each run's log speed off it by N(0, sd), each
+    method keeping the lower middle of its n_runs runs (as the bench keeps it): the median over
+    `rounds` simulated suites and its 5% and 95% points."""
+    rng = random.Random(seed)
+
+    def kept() -> float:
+        return sorted(rng.gauss(0.0, sd) for _ in range(n_runs))[(n_runs - 1) // 2]
+
+    suites = sorted(statistics.median(math.exp(kept() - max(kept() for _ in range(n_modes)))
+                                      for _ in range(n_prompts)) for _ in range(rounds))
+    return statistics.median(suites), suites[int(0.05 * rounds)], suites[int(0.95 * rounds)]
+
+
+def noise_floor_row(report: dict, name: str) -> str:
+    modes = report.get("llama_cpp_modes", [])
+    spread = run_spread(report)
+    if spread is None or not modes:
+        return f"| {name} | {report['suite']} | - | - | - |"
+    sd, n_runs = spread
+    median, lo, hi = noise_floor(sd, n_runs, len(modes), report["n"])
+    return f"| {name} | {report['suite']} | {n_runs} | {sd:.3f} | {median:.2f}x ({lo:.2f}-{hi:.2f}) |"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("reports", nargs="+", help="JSON files of `pyspec bench ... --json`")
@@ -101,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
                              "gets '-' in its columns")
     parser.add_argument("--merge", action="store_true",
                         help="the reports are parts of one suite run on disjoint prompts: one row over all of them")
+    parser.add_argument("--noise-floor", action="store_true",
+                        help="instead of the figures: the first figure's value when every method decodes at "
+                             "one speed, from the report's run-to-run spread (module docstring)")
     parser.add_argument("--common-methods", action="store_true",
                         help="with --merge: parts may differ in their methods; only those every part ran are kept "
                              "(the ones left out are printed)")
@@ -120,6 +182,13 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(e))
         if left_out:
             print(f"left out (not run in every part): {', '.join(left_out)}\n")
+    if args.noise_floor:
+        print("| report | suite | runs per prompt | run-to-run sd of log decode tok/s (none, llama.cpp) | "
+              "auto / best mode of each prompt at equal speeds: median (90% range) |")
+        print("|---|---|---|---|---|")
+        for name, report in reports:
+            print(noise_floor_row(report, name))
+        return 0
     print(f"| report | suite | prompts | runs per prompt | {m} / best mode of each prompt | "
           f"{m} / the suite's best mode | none / llama.cpp plain | {m} / none |")
     print("|---|---|---|---|---|---|---|---|")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -447,6 +448,34 @@ def test_bench_repeats_script_compares_the_median_runs_with_each_repeat_alone() 
     rows = {line.split(" | ")[0][2:]: line.split(" | ")[1:4] for line in module.summarize(plain_only)
             if line.startswith("| ")}
     assert rows["kept runs"] == ["-", "1.00x", "-"] and rows["repeat 2 alone"] == ["-", "0.71x", "-"]
+
+
+def test_vs_llama_cpp_summary_noise_floor() -> None:
+    """vs_llama_cpp_summary.py --noise-floor: the run-to-run spread of the plain-speed methods (the
+    others left out), and what "auto / best mode of each prompt" reads when every method has one
+    true speed: 1 without noise or against one mode, below 1 against the fastest of several,
+    the more so the more modes and the wider the spread."""
+    module = _benchmark_script("vs_llama_cpp_summary")
+
+    def result(name: str, runs: list[list[float]]) -> dict:
+        return {"method": name, "per_prompt": [{"prompt_id": f"s/{i}", "repeat_decode_tokens_per_second": r}
+                                               for i, r in enumerate(runs)]}
+    report = {"suite": "s", "n": 2, "llama_cpp_modes": ["llama.cpp", "llama.cpp-ngram-mod"],
+              "results": [result("none", [[10.0, 10.0 * math.exp(0.1)], [20.0, 20.0]]),
+                          result("llama.cpp", [[5.0, 5.0 * math.exp(-0.1)], [7.0, 7.0]]),
+                          result("auto", [[10.0, 30.0], [1.0, 9.0]])]}  # not a plain-speed method
+    sd, n_runs = module.run_spread(report)
+    # the two spread pairs have sample variance 0.1^2 / 2 each, the two steady ones 0: pooled 0.05^2
+    assert n_runs == 2 and sd == pytest.approx(0.05)
+    assert module.run_spread({"results": [result("none", [[10.0], [11.0]])]}) is None
+    assert module.noise_floor(0.0, 3, 4, 20, rounds=50) == (1.0, 1.0, 1.0)
+    one, _, _ = module.noise_floor(0.1, 3, 1, 20, rounds=400)
+    four, lo, hi = module.noise_floor(0.1, 3, 4, 20, rounds=400)
+    wide, _, _ = module.noise_floor(0.2, 3, 4, 20, rounds=400)
+    assert one == pytest.approx(1.0, abs=0.01) and lo < four < hi < 0.99 and 0.9 < four and wide < four
+    assert module.noise_floor(0.1, 3, 4, 20, rounds=400) == (four, lo, hi)  # seeded
+    row = module.noise_floor_row(report, "r").split(" | ")
+    assert row[1:4] == ["s", "2", "0.050"]
 
 
 def test_vs_llama_cpp_summary_script_picks_one_mode_for_the_suite() -> None:
