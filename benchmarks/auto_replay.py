@@ -28,12 +28,20 @@ within reach of copying, and how much of that `auto` takes (docs/results-speed.m
 copying can go on the Zen 4"). `--trace PROMPT_ID` prints that prompt's output position by
 position with the optimum's steps beside `auto`'s: where `auto` starts a copy later than the
 oracle, or drafts into a break. `--prior-curve` plans from another curve than the calibration.
+
+What `auto` learns carries from one request to the next, so a change to it moves every later
+step, and the order of the requests alone shifts a suite's modelled figure by a few percent: a
+deep step lands on a copy's break in one order and not in another. `--shuffles N` also replays
+each suite in N shuffled orders (seeds 0 .. N-1, the same for every run of the script) and
+prints the total modelled time of `none` over `auto`'s in each: two variants compared order by
+order (two runs of the script, one with a flag) tell a change from that luck.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 from pathlib import Path
@@ -194,6 +202,20 @@ def trace_lines(output: list[int], pieces: list[str], lengths: list[int], auto_s
     return lines
 
 
+def shuffled_totals(requests: list[tuple[list[int], list[int]]], n_orders: int, replay: Any, curve: Any) -> list[float]:
+    """Total modelled time of plain decoding over `auto`'s for the requests replayed in each of
+    n_orders shuffled orders (random.Random(seed), seeds 0 .. n_orders - 1). replay: requests ->
+    [(step sizes, accepted, kinds)] per request, as _core.replay_auto gives them."""
+    none_ms = sum(len(output) for _, output in requests) * curve.at(1)
+    totals = []
+    for seed in range(n_orders):
+        order = list(range(len(requests)))
+        random.Random(seed).shuffle(order)
+        replayed = replay([requests[i] for i in order])
+        totals.append(none_ms / sum(model_cost(curve, list(sizes)) for sizes, _, _ in replayed))
+    return totals
+
+
 def ngram_simple_steps(prompt: list[int], output: list[int], max_tokens: int, size_n: int = 12,
                        size_m: int = 48) -> tuple[list[int], int]:
     """Step sizes of llama.cpp's `--spec-type ngram-simple` (common/ngram-map.cpp at the pinned
@@ -274,6 +296,9 @@ def main() -> int:
     ap.add_argument("--trace", metavar="PROMPT_ID",
                     help="print every position of this prompt's output: its copyable length, the copy "
                          "optimum's steps and auto's, both charged the curve the steps are charged")
+    ap.add_argument("--shuffles", type=int, default=0, metavar="N",
+                    help="also replay each suite in N shuffled request orders and print the total modelled "
+                         "speedup of each (module docstring)")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args()
 
@@ -301,13 +326,17 @@ def main() -> int:
     jobs += [(s, generated_runs(engine, s, args.n, args.max_tokens)) for s in args.suite]
     drafted_by_tool += [{} for _ in args.suite]
     limits += [args.max_tokens for _ in args.suite]
-    report = {}
+    report: dict[str, Any] = {}
+    shuffled: dict[str, list[float]] = {}  # suite -> total modelled none/auto per shuffled order
     for (suite, runs), tool_counts, max_tokens in zip(jobs, drafted_by_tool, limits):
         prompts = prompt_tokens(engine, suite, len(runs))
         requests = [(prompts[pid], tokens) for pid, tokens in runs if tokens]
         ids = [pid for pid, tokens in runs if tokens]
-        replayed = _core.replay_auto(requests, core_curve, params.lookup, params.pool, params.scheduler,
+        def replay(reqs: list[tuple[list[int], list[int]]]) -> list[Any]:
+            return _core.replay_auto(reqs, core_curve, params.lookup, params.pool, params.scheduler,
                                      actual=actual._core(), corpus=corpus)
+
+        replayed = replay(requests)
         rows = []
         kinds_table: dict[str, list[float]] = {}  # kind -> [steps, drafted, accepted, gained ms, lost ms]
         for pid, (_, output), (sizes, accepted, kinds) in zip(ids, requests, replayed):
@@ -379,6 +408,16 @@ def main() -> int:
                 print(f"  {r['prompt_id']:<16} auto {r['auto']:5.1f} calls {r['calls']:3d} "
                       f"drafted {r['drafted']:4d} accepted {r['accepted']:4d}{bound}")
         report[suite] = rows
+        if args.shuffles > 0:
+            totals = shuffled_totals(requests, args.shuffles, replay, actual)
+            in_order = (sum(r["n"] for r in rows) * actual.at(1)
+                        / sum(model_cost(actual, list(sizes)) for sizes, _, _ in replayed))
+            print(f"  total modelled none/auto in order {in_order:.3f}; in {args.shuffles} shuffled orders mean "
+                  f"{statistics.fmean(totals):.3f} (min {min(totals):.3f}, max {max(totals):.3f}): "
+                  + " ".join(f"{t:.3f}" for t in totals))
+            shuffled[suite] = totals
+    if shuffled:
+        report["shuffled"] = shuffled
     if args.json:
         args.json.write_text(json.dumps(report, indent=1), encoding="utf-8")
     engine.close()

@@ -595,6 +595,34 @@ def test_copy_optimum_is_the_cheapest_split_of_the_copyable_stretches() -> None:
     assert module.copy_optimum_steps([5], [1, 5, 2], stepped) == (2.5, [(0, 0, 1), (1, 1, 4)])  # 5 padded to 4
 
 
+def test_shuffled_totals_replay_the_requests_in_seeded_orders() -> None:
+    """auto_replay.py --shuffles N: each order's total modelled speedup over plain decoding (all
+    the requests' tokens at the one-token cost over the replayed steps' cost); the orders are the
+    same on every run, and a replay whose steps depend on what came before gives each its own."""
+    module = _benchmark_script("auto_replay")
+    curve = _Curve(lambda k: 10.0 + 2.0 * (k - 1))
+    requests = [([1], [0] * 4), ([2], [0] * 6), ([3], [0] * 2)]  # 12 output tokens: plain 120 ms
+    seen_orders = []
+
+    def independent(reqs: list) -> list:  # one step of all tokens per request, whatever came before
+        seen_orders.append([prompt[0] for prompt, _ in reqs])
+        return [([len(output)], [len(output) - 1], [0]) for _, output in reqs]
+    totals = module.shuffled_totals(requests, 3, independent, curve)
+    assert totals == [120.0 / (16.0 + 20.0 + 12.0)] * 3  # steps of 4, 6 and 2 tokens
+    assert all(sorted(order) == [1, 2, 3] for order in seen_orders) and len(set(map(tuple, seen_orders))) > 1
+    first = list(seen_orders)
+
+    def learning(reqs: list) -> list:  # the first request decodes plainly, the others in one step
+        return [([1] * len(output), [0] * len(output), [0] * len(output)) if i == 0 else
+                ([len(output)], [len(output) - 1], [0]) for i, (_, output) in enumerate(reqs)]
+    seen_orders.clear()
+    again = module.shuffled_totals(requests, 3, lambda r: (seen_orders.append([p[0] for p, _ in r]), learning(r))[1],
+                                   curve)
+    assert seen_orders == first  # seeded
+    by_first = {4: 120.0 / (40.0 + 20.0 + 12.0), 6: 120.0 / (16.0 + 60.0 + 12.0), 2: 120.0 / (16.0 + 20.0 + 20.0)}
+    assert again == [by_first[{1: 4, 2: 6, 3: 2}[order[0]]] for order in first]
+
+
 def test_trace_lines_put_the_optimum_and_auto_side_by_side() -> None:
     """auto_replay.py --trace: one line per output position, the optimum's and auto's steps where
     they start (auto's from its step sizes and accepted counts), padding shown as the size paid."""
