@@ -55,6 +55,7 @@ from pyspec.data import load_suite
 from pyspec.models import Cache
 
 TARGET = "qwen2.5-coder-1.5b-instruct"
+OPTIMUM_MAX_DEPTH = 192  # the copy optimum's deepest step (auto's own cap is auto_max_depth, 64)
 
 
 def recorded_runs(bench_json: Path | dict[str, Any]) -> tuple[str, list[tuple[str, list[int]]]]:
@@ -108,6 +109,12 @@ def model_cost(curve: Any, sizes: list[int]) -> float:
     return sum(curve.at(k) for k in sizes)
 
 
+def total_speedup(requests: list[tuple[list[int], list[int]]], replayed: list[Any], curve: Any) -> float:
+    """Modelled time of decoding every request's output plainly over the replayed steps' time."""
+    return (sum(len(output) for _, output in requests) * curve.at(1)
+            / sum(model_cost(curve, list(sizes)) for sizes, _, _ in replayed))
+
+
 def copy_bound_sizes(prompt: list[int], output: list[int], curve: Any, max_depth: int = 64) -> list[int]:
     """Step sizes of a drafter that knows the output but drafts only copies: after the target's
     token, exactly the longest run of what follows that occurs somewhere in the context (prompt
@@ -147,17 +154,19 @@ def copyable_lengths(prompt: list[int], output: list[int], max_depth: int) -> li
     return lengths
 
 
-def copy_optimum_steps(prompt: list[int], output: list[int], curve: Any,
-                       max_depth: int = 192) -> tuple[float, list[tuple[int, int, int]]]:
+def copy_optimum_steps(prompt: list[int], output: list[int], curve: Any, max_depth: int = OPTIMUM_MAX_DEPTH,
+                       lengths: list[int] | None = None) -> tuple[float, list[tuple[int, int, int]]]:
     """The least modelled time in which any drafter that proposes only copies of the context
     (prompt lookup, phrase pools, llama.cpp's n-gram modes) could produce `output`, and its steps:
     an oracle that knows the output, drafts at each step any copyable stretch of it
     (copyable_lengths) and may pad a draft with tokens it knows will be rejected when a bigger
     step costs less (a step of 1 + d tokens commits the d drafted tokens and the target's own
     next one). Dynamic programming over the committed count, exact for the curve given. Steps:
-    (committed count before the step, tokens drafted and accepted, step size paid)."""
+    (committed count before the step, tokens drafted and accepted, step size paid). lengths:
+    copyable_lengths(prompt, output, max_depth) when the caller has them already."""
     n = len(output)
-    lengths = copyable_lengths(prompt, output, max_depth)
+    if lengths is None:
+        lengths = copyable_lengths(prompt, output, max_depth)
     padded: dict[int, tuple[float, int]] = {}  # step size -> the cheapest step of at least that many tokens
     best = (float("inf"), 0)
     for k in range(max_depth + 1, 0, -1):
@@ -173,11 +182,6 @@ def copy_optimum_steps(prompt: list[int], output: list[int], curve: Any,
         steps.append((c, choice[c], padded[1 + choice[c]][1]))
         c += 1 + choice[c]
     return time[0], steps
-
-
-def copy_optimum_ms(prompt: list[int], output: list[int], curve: Any, max_depth: int = 192) -> float:
-    """copy_optimum_steps' time alone."""
-    return copy_optimum_steps(prompt, output, curve, max_depth)[0]
 
 
 def trace_lines(output: list[int], pieces: list[str], lengths: list[int], auto_steps: list[tuple[int, int, str]],
@@ -206,13 +210,12 @@ def shuffled_totals(requests: list[tuple[list[int], list[int]]], n_orders: int, 
     """Total modelled time of plain decoding over `auto`'s for the requests replayed in each of
     n_orders shuffled orders (random.Random(seed), seeds 0 .. n_orders - 1). replay: requests ->
     [(step sizes, accepted, kinds)] per request, as _core.replay_auto gives them."""
-    none_ms = sum(len(output) for _, output in requests) * curve.at(1)
     totals = []
     for seed in range(n_orders):
         order = list(range(len(requests)))
         random.Random(seed).shuffle(order)
-        replayed = replay([requests[i] for i in order])
-        totals.append(none_ms / sum(model_cost(curve, list(sizes)) for sizes, _, _ in replayed))
+        shuffled = [requests[i] for i in order]
+        totals.append(total_speedup(shuffled, replay(shuffled), curve))
     return totals
 
 
@@ -283,7 +286,7 @@ def main() -> int:
                     help="also the modelled speed of drafting exactly the copyable continuation each step "
                          "(the output known in advance): how much copy drafting could gain at all")
     ap.add_argument("--copy-optimum", action="store_true",
-                    help="also the modelled speed of the best any copy drafter could do (copy_optimum_ms: "
+                    help="also the modelled speed of the best any copy drafter could do (copy_optimum_steps: "
                          "an oracle over copies of the context, cost-optimal steps) and of llama.cpp's "
                          "ngram-simple mode (ngram_simple_steps), and auto and the optimum over ngram-simple "
                          "per prompt: whether a goal against llama.cpp's n-gram modes is within reach of copying")
@@ -356,15 +359,16 @@ def main() -> int:
                          "drafted": sum(sizes) - len(sizes), "accepted": sum(accepted)})
             if args.copy_bound:
                 rows[-1]["bound"] = n / model_cost(actual, copy_bound_sizes(prompts[pid], output, actual)) * 1e3
+            if args.copy_optimum or args.trace == pid:
+                lengths = copyable_lengths(prompts[pid], output, OPTIMUM_MAX_DEPTH)
+                optimum_ms, optimum_steps = copy_optimum_steps(prompts[pid], output, actual, lengths=lengths)
             if args.trace == pid:
-                _, optimum_steps = copy_optimum_steps(prompts[pid], output, actual)
                 pieces = [engine.detokenize_bytes([t]).decode("utf-8", "replace") for t in output]
                 named = [(size, acc, _core.kind_name(kind)) for size, acc, kind in zip(sizes, accepted, kinds)]
                 print(f"{pid}: position, copyable length, copy optimum step, auto step, token")
-                print("\n".join(trace_lines(output, pieces, copyable_lengths(prompts[pid], output, 192), named,
-                                            optimum_steps)))
+                print("\n".join(trace_lines(output, pieces, lengths, named, optimum_steps)))
             if args.copy_optimum:
-                rows[-1]["optimum"] = n / copy_optimum_ms(prompts[pid], output, actual) * 1e3
+                rows[-1]["optimum"] = n / optimum_ms * 1e3
                 ngram_sizes, ngram_drafted = ngram_simple_steps(prompts[pid], output, max_tokens)
                 rows[-1]["ngram_simple"] = n / model_cost(actual, ngram_sizes) * 1e3
                 if pid in tool_counts:
@@ -410,8 +414,7 @@ def main() -> int:
         report[suite] = rows
         if args.shuffles > 0:
             totals = shuffled_totals(requests, args.shuffles, replay, actual)
-            in_order = (sum(r["n"] for r in rows) * actual.at(1)
-                        / sum(model_cost(actual, list(sizes)) for sizes, _, _ in replayed))
+            in_order = total_speedup(requests, replayed, actual)
             print(f"  total modelled none/auto in order {in_order:.3f}; in {args.shuffles} shuffled orders mean "
                   f"{statistics.fmean(totals):.3f} (min {min(totals):.3f}, max {max(totals):.3f}): "
                   + " ".join(f"{t:.3f}" for t in totals))

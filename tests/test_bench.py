@@ -579,16 +579,17 @@ def test_copy_optimum_is_the_cheapest_split_of_the_copyable_stretches() -> None:
     free = _Curve(lambda k: 1.0)
     # 7 | 8 | 9 | the copy drafted, the step committing it and the target's 7 | 8 drafted (found
     # after the output's first 7), the step committing it and 9: five steps, none fewer
-    assert module.copy_optimum_ms(prompt, output, free) == 5.0
+    assert module.copy_optimum_steps(prompt, output, free)[0] == 5.0
     linear = _Curve(lambda k: 2.0 * k)
-    assert module.copy_optimum_ms(prompt, output, linear) == 2.0 * len(output)
+    assert module.copy_optimum_steps(prompt, output, linear)[0] == 2.0 * len(output)
     # a step of 4 tokens costs less than one of 2 or 3: a 1-token copy is padded to it
     stepped = _Curve(lambda k: {1: 1.0, 2: 3.0, 3: 3.0, 4: 1.5}.get(k, 100.0))
-    assert module.copy_optimum_ms([5], [1, 5, 2], stepped) == 1.0 + 1.5
+    assert module.copy_optimum_steps([5], [1, 5, 2], stepped)[0] == 1.0 + 1.5
     # its steps: (committed before, drafted, size paid), covering the output once each, each
     # drafting a copyable stretch, paid what the time says
+    lengths = module.copyable_lengths(prompt, output, module.OPTIMUM_MAX_DEPTH)
     time, steps = module.copy_optimum_steps(prompt, output, free)
-    lengths = module.copyable_lengths(prompt, output, 192)
+    assert module.copy_optimum_steps(prompt, output, free, lengths=lengths) == (time, steps)  # given, not searched again
     assert time == 5.0 and len(steps) == 5 and steps[0][0] == 0
     for (c, d, k), following in zip(steps, [s[0] for s in steps[1:]] + [len(output)]):
         assert c + 1 + d == following and d <= lengths[c] and k == 1 + d
@@ -615,9 +616,11 @@ def test_shuffled_totals_replay_the_requests_in_seeded_orders() -> None:
     def learning(reqs: list) -> list:  # the first request decodes plainly, the others in one step
         return [([1] * len(output), [0] * len(output), [0] * len(output)) if i == 0 else
                 ([len(output)], [len(output) - 1], [0]) for i, (_, output) in enumerate(reqs)]
+    def learning_seen(reqs: list) -> list:
+        seen_orders.append([prompt[0] for prompt, _ in reqs])
+        return learning(reqs)
     seen_orders.clear()
-    again = module.shuffled_totals(requests, 3, lambda r: (seen_orders.append([p[0] for p, _ in r]), learning(r))[1],
-                                   curve)
+    again = module.shuffled_totals(requests, 3, learning_seen, curve)
     assert seen_orders == first  # seeded
     by_first = {4: 120.0 / (40.0 + 20.0 + 12.0), 6: 120.0 / (16.0 + 60.0 + 12.0), 2: 120.0 / (16.0 + 20.0 + 20.0)}
     assert again == [by_first[{1: 4, 2: 6, 3: 2}[order[0]]] for order in first]
