@@ -10,6 +10,7 @@ void CostModel::set_prior(const CostCurve& prior) {
     prior_ = prior;
     log_ratio_.assign(prior.n_tokens.size(), 0.0);
     n_seen_.assign(prior.n_tokens.size(), 0);
+    last_seen_.assign(prior.n_tokens.size(), 0);
     n_observed_total_ = 0;
 }
 
@@ -29,23 +30,39 @@ int32_t CostModel::bucket(int32_t k) const {
     return best;
 }
 
-double CostModel::correction(int32_t k) const {
-    if (prior_.empty() || n_observed_total_ == 0) return 1.0;
-    const int32_t b = bucket(k);
-    if (n_seen_[size_t(b)] > 0) return std::exp(log_ratio_[size_t(b)]);
-    // Borrow from the nearest observed buckets on each side, interpolated on a log-size scale.
+bool CostModel::borrowed(int32_t b, double* log_ratio) const {
+    // The nearest observed buckets on each side of b (b itself left out), interpolated on a
+    // log-size scale; the nearer one alone at an edge.
     int32_t lo = b - 1, hi = b + 1;
     const int32_t n = int32_t(n_seen_.size());
     while (lo >= 0 && n_seen_[size_t(lo)] == 0) --lo;
     while (hi < n && n_seen_[size_t(hi)] == 0) ++hi;
-    if (lo < 0 && hi >= n) return 1.0;
-    if (lo < 0) return std::exp(log_ratio_[size_t(hi)]);
-    if (hi >= n) return std::exp(log_ratio_[size_t(lo)]);
-    const double x = std::log(double(prior_.n_tokens[size_t(b)]));
-    const double x0 = std::log(double(prior_.n_tokens[size_t(lo)]));
-    const double x1 = std::log(double(prior_.n_tokens[size_t(hi)]));
-    const double t = (x - x0) / (x1 - x0);
-    return std::exp((1.0 - t) * log_ratio_[size_t(lo)] + t * log_ratio_[size_t(hi)]);
+    if (lo < 0 && hi >= n) return false;
+    if (lo < 0) {
+        *log_ratio = log_ratio_[size_t(hi)];
+    } else if (hi >= n) {
+        *log_ratio = log_ratio_[size_t(lo)];
+    } else {
+        const double x = std::log(double(prior_.n_tokens[size_t(b)]));
+        const double x0 = std::log(double(prior_.n_tokens[size_t(lo)]));
+        const double x1 = std::log(double(prior_.n_tokens[size_t(hi)]));
+        const double t = (x - x0) / (x1 - x0);
+        *log_ratio = (1.0 - t) * log_ratio_[size_t(lo)] + t * log_ratio_[size_t(hi)];
+    }
+    return true;
+}
+
+double CostModel::correction(int32_t k) const {
+    if (prior_.empty() || n_observed_total_ == 0) return 1.0;
+    const size_t b = size_t(bucket(k));
+    double from_neighbours = 0.0;
+    const bool has_neighbours = borrowed(int32_t(b), &from_neighbours);
+    if (n_seen_[b] == 0) return has_neighbours ? std::exp(from_neighbours) : 1.0;
+    // A bucket not seen for a while fades into what its neighbours say now.
+    const int64_t idle = n_observed_total_ - last_seen_[b] - kStaleAfter;
+    if (!has_neighbours || idle <= 0) return std::exp(log_ratio_[b]);
+    const double fade = 1.0 - std::exp2(-double(idle) / kStaleHalfLife);
+    return std::exp((1.0 - fade) * log_ratio_[b] + fade * from_neighbours);
 }
 
 int64_t CostModel::n_observed(int32_t k) const {
@@ -73,8 +90,9 @@ void CostModel::observe(int32_t k, double ms) {
     const double current = std::log(correction(k));
     const double limit = std::log(kMaxStepFactor);
     const double seen = std::min(std::log(ms / prior_.at(k)), current + limit);
-    if (n_seen_[b] == 0) log_ratio_[b] = current;  // from what was borrowed
+    log_ratio_[b] = current;  // what was borrowed, or what a stale estimate faded to
     ++n_seen_[b];
+    last_seen_[b] = n_observed_total_ + 1;
     log_ratio_[b] += std::max(kRate, 1.0 / double(n_seen_[b])) * (seen - log_ratio_[b]);
     ++n_observed_total_;
 }

@@ -111,6 +111,48 @@ void test_plans_follow_the_corrected_costs() {
     CHECK(plan_draft(chain_parents(15), kinds, s, m.table(16, false), 0.0).keep.size() == 15);
 }
 
+void test_a_slow_first_step_fades_into_its_neighbours() {
+    // One slow step (1.43x, the machine busy for a moment) is a bucket's only observation while
+    // its neighbour reads 1.17x. The planner then finds that size too dear and stops drafting it,
+    // so no step of it would ever correct the estimate: after kStaleAfter steps of other sizes it
+    // fades toward the neighbour, the planner drafts deep again, and the bucket's own steps decide.
+    const CostCurve curve{{1, 16, 32, 48, 64}, {40, 280, 460, 650, 820}};
+    CostModel m;
+    m.set_prior(curve);
+    for (int i = 0; i < 20; ++i) m.observe(32, 1.17 * 460.0);
+    m.observe(48, 1.43 * 650.0);
+    CHECK_NEAR(m.correction(48), 1.43, 1e-9);
+    CHECK_NEAR(m.correction(64), 1.43, 1e-9);  // borrowed from 48, its nearest observed bucket
+    AcceptanceStats s;
+    for (int i = 0; i < 400; ++i) s.record(kind_lookup(64), 0, i % 200 != 0);
+    const std::vector<uint8_t> kinds(63, kind_lookup(64));
+    const auto kept = [&] { return plan_draft(chain_parents(63), kinds, s, m.table(64), 0.0).keep.size(); };
+    CHECK(kept() < 40);  // 38 nodes
+    // Within kStaleAfter steps of other sizes nothing changes.
+    for (int64_t i = 0; i < CostModel::kStaleAfter; ++i) m.observe(32, 1.17 * 460.0);
+    CHECK_NEAR(m.correction(48), 1.43, 1e-9);
+    // Then half-way (in log space) every kStaleHalfLife steps.
+    for (int i = 0; i < int(CostModel::kStaleHalfLife); ++i) m.observe(32, 1.17 * 460.0);
+    CHECK_NEAR(m.correction(48), std::sqrt(1.43 * 1.17), 1e-3);
+    for (int i = 0; i < 8 * int(CostModel::kStaleHalfLife); ++i) m.observe(32, 1.17 * 460.0);
+    CHECK_NEAR(m.correction(48), 1.17, 1e-3);
+    CHECK(m.n_observed(48) == 1);
+    CHECK(kept() >= 47);  // 54 nodes
+    // The faded estimate is where the next step of that size starts from: if the size really is
+    // that dear, a few of its own steps bring it back.
+    for (int i = 0; i < 6; ++i) m.observe(48, 1.43 * 650.0);
+    CHECK(m.correction(48) > 1.38);
+    CHECK(kept() < 40);
+    // A bucket seen all along never fades: sizes that alternate keep their own corrections.
+    CostModel a;
+    a.set_prior(curve);
+    for (int i = 0; i < 300; ++i) {
+        a.observe(1, 2.0 * 40.0);
+        for (int j = 0; j < 5; ++j) a.observe(32, 0.5 * 460.0);
+    }
+    CHECK_NEAR(a.correction(1), 2.0, 1e-9);
+}
+
 }  // namespace
 
 int main() {
@@ -120,6 +162,7 @@ int main() {
     test_outliers_are_clipped();
     test_a_fast_step_corrects_a_busy_calibration_at_once();
     test_plans_follow_the_corrected_costs();
+    test_a_slow_first_step_fades_into_its_neighbours();
     std::printf("test_cost_model: %d checks, %d failures\n", g_checks, g_failures);
     return g_failures == 0 ? 0 : 1;
 }

@@ -25,6 +25,13 @@ public:
     // plan. Faster than expected is not clipped: a step cannot run faster than the machine
     // allows, so a fast step shows the prior was too slow (taken on a busy machine).
     static constexpr double kMaxStepFactor = 3.0;
+    // A bucket's correction is only as current as its last step. Once kStaleAfter steps of other
+    // sizes went by since it was last seen, it moves toward what its observed neighbours say
+    // now, half-way every kStaleHalfLife further steps. Otherwise a bucket the planner came to
+    // believe too dear (one slow step among its first) would never be drafted, hence never seen,
+    // again: faded, it is tried again and its own steps decide.
+    static constexpr int64_t kStaleAfter = 32;
+    static constexpr double kStaleHalfLife = 32.0;
 
     CostModel() = default;
     // Installs a new prior (a calibration) and forgets every correction. The curve must be valid.
@@ -35,7 +42,7 @@ public:
     // Expected milliseconds of a step that decodes k tokens: the prior at k times the learnt
     // correction of k's size bucket. A bucket that has seen no step borrows the correction of
     // the nearest bucket that has (the same machine load and context affect every size alike, to
-    // first order), or none before any step was seen.
+    // first order), or none before any step was seen; a stale one fades into that (kStaleAfter).
     double at(int32_t k) const;
     // at(1..k_max), made non-decreasing in k: what the planner needs for one step. [k_max + 1],
     // entry 0 unused. corrected false: the prior alone.
@@ -53,10 +60,13 @@ public:
 
 private:
     int32_t bucket(int32_t k) const;
+    // The correction the observed buckets other than b give b (log); false when there are none.
+    bool borrowed(int32_t b, double* log_ratio) const;
 
     CostCurve prior_;
     std::vector<double> log_ratio_;  // [n sizes of the prior] running mean of log(observed / prior)
     std::vector<int64_t> n_seen_;    // [n sizes of the prior]
+    std::vector<int64_t> last_seen_;  // [n sizes of the prior] n_observed_total_ just after its last step
     int64_t n_observed_total_ = 0;
 };
 
