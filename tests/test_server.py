@@ -329,7 +329,9 @@ def test_restart_keeps_auto_statistics_and_a_bad_file_is_set_aside(tiny_target: 
         # The save of the last request's counts may still be due (later on a busy machine): wait
         # until the count holds still for six save intervals, then no request means no save.
         saves, still_since = first.metric("pyspec_stats_saves_total"), time.monotonic()
-        while time.monotonic() - still_since < 1.2 and time.monotonic() < deadline:
+        settle_deadline = still_since + 30  # its own: the wait above may have used most of its 30 s
+        while time.monotonic() - still_since < 1.2:
+            assert time.monotonic() < settle_deadline, f"saves never held still ({saves} so far)\n{first.log()}"
             time.sleep(0.1)
             now = first.metric("pyspec_stats_saves_total")
             if now != saves:
