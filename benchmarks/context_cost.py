@@ -9,8 +9,9 @@ tokens on the development CPU, close to one factor), so the cost model's correct
     python benchmarks/context_cost.py --contexts 128,1024,2048 --json ctx.json
     python benchmarks/context_cost.py --contexts 128 --every-size --json every.json
 
-`--every-size` times every size from 1 to 64, each on its own (the calibration's sizes are made
-non-decreasing, which hides a size that costs less than the one before it): slower, minutes.
+`--every-size` times every size from 1 to 64, interleaved in each round and kept as measured
+(the calibration's sizes are made non-decreasing, which hides a size that costs less than the
+one before it): slower, minutes.
 """
 
 from __future__ import annotations
@@ -26,15 +27,13 @@ TARGET = "qwen2.5-coder-1.5b-instruct"
 
 
 def every_size(engine: Engine, repeats: int, context: int) -> calibration.CostCurve:
-    """Each size k in 1..64 timed apart (one token and k, `repeats` rounds, the median), so that
-    no size's time is raised to a smaller size's, as the calibration's running maximum does."""
-    sizes = list(range(1, 65))
-    ms = []
-    for k in sizes:
-        timed = engine._core.time_decodes([1, k] if k > 1 else [1], repeats=repeats, all_rows=True, context=context)
-        ms.append(float(timed.ms[-1]))
-        print(f"context {context}: {k} tokens {ms[-1]:.1f} ms", file=sys.stderr, flush=True)
-    return calibration.CostCurve(tuple(sizes), tuple(ms))
+    """Each size k in 1..64 with the context prefilled once and the sizes interleaved in every
+    round, as calibration times its sizes, the median of `repeats` rounds per size as measured
+    (not made non-decreasing, as the calibration's running maximum does)."""
+    print(f"context {context}: timing sizes 1-64, {repeats} rounds", file=sys.stderr, flush=True)
+    timed = engine._core.time_decodes(list(range(1, 65)), repeats=repeats, all_rows=True, context=context,
+                                      non_decreasing=False)
+    return calibration.CostCurve(tuple(timed.n_tokens), tuple(timed.ms))
 
 
 def main() -> int:
@@ -45,7 +44,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-ctx", type=int, default=4096)
     ap.add_argument("--every-size", action="store_true",
-                    help="every size from 1 to 64, each timed on its own and not made non-decreasing")
+                    help="every size from 1 to 64, interleaved, not made non-decreasing")
     ap.add_argument("--json", type=Path, help="write {context: {n_tokens, ms}} here")
     args = ap.parse_args()
     contexts = list(dict.fromkeys(int(c) for c in args.contexts.split(",")))  # each once, in order

@@ -624,12 +624,14 @@ NB_MODULE(_core, m) {
            "Times decodes of k tokens on top of `context` cached tokens and installs the cost curve "
            "(method 'auto').")
         .def("time_decodes", [](spec::Engine& e, const std::vector<int32_t>& sizes, int32_t repeats, bool all_rows,
-                                int32_t context) {
+                                int32_t context, bool non_decreasing) {
             nb::gil_scoped_release release;
-            return spec::measure_cost_curve(e.target(), sizes, repeats, all_rows, nullptr, context);
+            return spec::measure_cost_curve(e.target(), sizes, repeats, all_rows, nullptr, context, non_decreasing);
         }, "sizes"_a, "repeats"_a = 3, "all_rows"_a = true, "context"_a = spec::kCalibrationContext,
+           "non_decreasing"_a = true,
            "Times the target's decodes of k tokens as calibration does, with a logits row for every "
-           "token (all_rows) or for the last one only; installs nothing.")
+           "token (all_rows) or for the last one only; the medians as measured when non_decreasing "
+           "is false (calibration makes them a running maximum); installs nothing.")
         .def("set_cost", [](spec::Engine& e, bool use_draft, const spec::CostCurve& curve, const std::string& draft_name) {
             if (use_draft) {
                 e.set_draft_cost(curve, draft_name);

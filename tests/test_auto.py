@@ -546,6 +546,12 @@ def test_timing_decodes_with_every_or_the_last_logits_row_installs_nothing(engin
     assert list(every.n_tokens) == list(last.n_tokens) == [1, 2, 8]
     assert all(t > 0 for t in list(every.ms) + list(last.ms))
     assert list(engine._core.cost(False, "").ms) == before
+    # Calibration's curve is a running maximum; benchmarks/context_cost.py --every-size asks for
+    # the medians as measured, one per size.
+    assert all(b >= a for a, b in zip(every.ms, list(every.ms)[1:]))
+    raw = engine._core.time_decodes([1, 2, 3, 4], 1, True, 16, non_decreasing=False)
+    assert list(raw.n_tokens) == [1, 2, 3, 4] and all(t > 0 for t in raw.ms)
+    assert list(engine._core.cost(False, "").ms) == before
     with pytest.raises(pyspec.InvalidArgumentError, match="calibration context must be >= 1, got 0"):
         engine._core.time_decodes([1], 1, False, 0)
 

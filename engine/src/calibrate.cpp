@@ -12,7 +12,7 @@ namespace spec {
 std::vector<int32_t> default_calibration_sizes() { return {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64}; }
 
 CostCurve measure_cost_curve(Model& model, const std::vector<int32_t>& sizes, int32_t repeats, bool all_rows,
-                             const CalibrationProgress& progress, int32_t context) {
+                             const CalibrationProgress& progress, int32_t context, bool non_decreasing) {
     CostCurve shape{sizes, std::vector<double>(sizes.size(), 1.0)};
     validate(shape);
     if (repeats < 1) throw InvalidArgumentError("calibration repeats must be >= 1, got " + std::to_string(repeats));
@@ -55,7 +55,7 @@ CostCurve measure_cost_curve(Model& model, const std::vector<int32_t>& sizes, in
         const size_t m = t.size();
         curve.ms.push_back(m % 2 ? t[m / 2] : 0.5 * (t[m / 2 - 1] + t[m / 2]));
     }
-    return monotone(curve);
+    return non_decreasing ? monotone(curve) : curve;
 }
 
 }  // namespace spec

@@ -21,12 +21,14 @@ using CalibrationProgress = std::function<void(int32_t, int32_t)>;
 // tokens on the development CPU), as verification and drafting see it. all_rows: every
 // token produces a logits row (the target verifying a draft) or only the last (a draft model
 // drafting). One warm-up decode, then `repeats` rounds over all sizes (sizes interleaved, so a
-// slow spell of a shared machine hits all of them alike); the median per size, made monotone.
+// slow spell of a shared machine hits all of them alike); the median per size, made monotone
+// (a running maximum) unless non_decreasing is false (benchmarks that look at the raw shape).
 // Clears the model's KV cache before and after. Throws InvalidArgumentError for bad sizes or
 // repeats < 1 or context < 1, and when the largest size does not fit n_batch or the context.
 constexpr int32_t kCalibrationContext = 128;
 CostCurve measure_cost_curve(Model& model, const std::vector<int32_t>& sizes, int32_t repeats, bool all_rows,
-                             const CalibrationProgress& progress = nullptr, int32_t context = kCalibrationContext);
+                             const CalibrationProgress& progress = nullptr, int32_t context = kCalibrationContext,
+                             bool non_decreasing = true);
 
 // The sizes measured when none are given: 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64.
 std::vector<int32_t> default_calibration_sizes();
