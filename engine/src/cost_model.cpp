@@ -56,11 +56,10 @@ double CostModel::correction(int32_t k) const {
     if (prior_.empty() || n_observed_total_ == 0) return 1.0;
     const size_t b = size_t(bucket(k));
     double from_neighbours = 0.0;
-    const bool has_neighbours = borrowed(int32_t(b), &from_neighbours);
-    if (n_seen_[b] == 0) return has_neighbours ? std::exp(from_neighbours) : 1.0;
+    if (n_seen_[b] == 0) return borrowed(int32_t(b), &from_neighbours) ? std::exp(from_neighbours) : 1.0;
     // A bucket not seen for a while fades into what its neighbours say now.
     const int64_t idle = n_observed_total_ - last_seen_[b] - kStaleAfter;
-    if (!has_neighbours || idle <= 0) return std::exp(log_ratio_[b]);
+    if (idle <= 0 || !borrowed(int32_t(b), &from_neighbours)) return std::exp(log_ratio_[b]);
     const double fade = 1.0 - std::exp2(-double(idle) / kStaleHalfLife);
     return std::exp((1.0 - fade) * log_ratio_[b] + fade * from_neighbours);
 }
