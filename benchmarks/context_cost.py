@@ -30,9 +30,12 @@ def every_size(engine: Engine, repeats: int, context: int) -> calibration.CostCu
     """Each size k in 1..64 with the context prefilled once and the sizes interleaved in every
     round, as calibration times its sizes, the median of `repeats` rounds per size as measured
     (not made non-decreasing, as the calibration's running maximum does)."""
-    print(f"context {context}: timing sizes 1-64, {repeats} rounds", file=sys.stderr, flush=True)
-    timed = engine._core.time_decodes(list(range(1, 65)), repeats=repeats, all_rows=True, context=context,
-                                      non_decreasing=False)
+    bar, update = calibration._progress(f"context {context}: sizes 1-64", True)
+    try:
+        timed = engine._core.time_decodes(list(range(1, 65)), repeats=repeats, all_rows=True, context=context,
+                                          non_decreasing=False, progress=update)
+    finally:
+        bar.close()
     return calibration.CostCurve(tuple(timed.n_tokens), tuple(timed.ms))
 
 

@@ -48,6 +48,15 @@ void raise_as(const char* name, const char* message) {
     PyErr_SetObject(cls.ptr(), text.ptr());
 }
 
+// A Python callable(done, total), or None, as a calibration progress callback that takes the GIL.
+spec::CalibrationProgress progress_callback(nb::object progress) {
+    if (progress.is_none()) return {};
+    return [progress](int32_t done, int32_t total) {
+        nb::gil_scoped_acquire gil;
+        progress(done, total);
+    };
+}
+
 }  // namespace
 
 NB_MODULE(_core, m) {
@@ -609,13 +618,7 @@ NB_MODULE(_core, m) {
         .def("measure_cost", [](spec::Engine& e, bool use_draft, const std::string& draft_name,
                                 const std::vector<int32_t>& sizes, int32_t repeats, nb::object progress,
                                 int32_t context) {
-            spec::CalibrationProgress callback;
-            if (!progress.is_none()) {
-                callback = [progress](int32_t done, int32_t total) {
-                    nb::gil_scoped_acquire gil;
-                    progress(done, total);
-                };
-            }
+            const spec::CalibrationProgress callback = progress_callback(progress);
             nb::gil_scoped_release release;
             return use_draft ? e.measure_draft_cost(draft_name, sizes, repeats, callback, context)
                              : e.measure_target_cost(sizes, repeats, callback, context);
@@ -624,14 +627,16 @@ NB_MODULE(_core, m) {
            "Times decodes of k tokens on top of `context` cached tokens and installs the cost curve "
            "(method 'auto').")
         .def("time_decodes", [](spec::Engine& e, const std::vector<int32_t>& sizes, int32_t repeats, bool all_rows,
-                                int32_t context, bool non_decreasing) {
+                                int32_t context, bool non_decreasing, nb::object progress) {
+            const spec::CalibrationProgress callback = progress_callback(progress);
             nb::gil_scoped_release release;
-            return spec::measure_cost_curve(e.target(), sizes, repeats, all_rows, nullptr, context, non_decreasing);
+            return spec::measure_cost_curve(e.target(), sizes, repeats, all_rows, callback, context, non_decreasing);
         }, "sizes"_a, "repeats"_a = 3, "all_rows"_a = true, "context"_a = spec::kCalibrationContext,
-           "non_decreasing"_a = true,
+           "non_decreasing"_a = true, "progress"_a = nb::none(),
            "Times the target's decodes of k tokens as calibration does, with a logits row for every "
            "token (all_rows) or for the last one only; the medians as measured when non_decreasing "
-           "is false (calibration makes them a running maximum); installs nothing.")
+           "is false (calibration makes them a running maximum); progress(done, total) after each decode; "
+           "installs nothing.")
         .def("set_cost", [](spec::Engine& e, bool use_draft, const spec::CostCurve& curve, const std::string& draft_name) {
             if (use_draft) {
                 e.set_draft_cost(curve, draft_name);

@@ -872,9 +872,9 @@ class Engine:
         Times decodes of k tokens on top of `context` cached tokens and installs the cost curve (method 'auto').
         """
 
-    def time_decodes(self, sizes: Sequence[int], repeats: int = 3, all_rows: bool = True, context: int = 128, non_decreasing: bool = True) -> CostCurve:
+    def time_decodes(self, sizes: Sequence[int], repeats: int = 3, all_rows: bool = True, context: int = 128, non_decreasing: bool = True, progress: object | None = None) -> CostCurve:
         """
-        Times the target's decodes of k tokens as calibration does, with a logits row for every token (all_rows) or for the last one only; the medians as measured when non_decreasing is false (calibration makes them a running maximum); installs nothing.
+        Times the target's decodes of k tokens as calibration does, with a logits row for every token (all_rows) or for the last one only; the medians as measured when non_decreasing is false (calibration makes them a running maximum); progress(done, total) after each decode; installs nothing.
         """
 
     def set_cost(self, use_draft: bool, curve: CostCurve, draft_name: str = '') -> None: ...

@@ -614,13 +614,11 @@ def test_shuffled_totals_replay_the_requests_in_seeded_orders() -> None:
     first = list(seen_orders)
 
     def learning(reqs: list) -> list:  # the first request decodes plainly, the others in one step
+        seen_orders.append([prompt[0] for prompt, _ in reqs])
         return [([1] * len(output), [0] * len(output), [0] * len(output)) if i == 0 else
                 ([len(output)], [len(output) - 1], [0]) for i, (_, output) in enumerate(reqs)]
-    def learning_seen(reqs: list) -> list:
-        seen_orders.append([prompt[0] for prompt, _ in reqs])
-        return learning(reqs)
     seen_orders.clear()
-    again = module.shuffled_totals(requests, 3, learning_seen, curve)
+    again = module.shuffled_totals(requests, 3, learning, curve)
     assert seen_orders == first  # seeded
     by_first = {4: 120.0 / (40.0 + 20.0 + 12.0), 6: 120.0 / (16.0 + 60.0 + 12.0), 2: 120.0 / (16.0 + 20.0 + 20.0)}
     assert again == [by_first[{1: 4, 2: 6, 3: 2}[order[0]]] for order in first]
