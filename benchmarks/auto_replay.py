@@ -273,6 +273,9 @@ def main() -> int:
                     help="copies do not learn the output's replacements (auto before they did)")
     ap.add_argument("--no-resync", action="store_true",
                     help="a copy that broke is not resumed where it left off (auto before it was)")
+    ap.add_argument("--no-loose", action="store_true",
+                    help="a substitution applies only after the token it was learnt after (auto before "
+                         "it also applied elsewhere)")
     ap.add_argument("--actual-curve", type=Path,
                     help="charge the steps this curve's times (a `benchmarks/context_cost.py --json` file "
                          "and --actual-context, e.g. the target at a long context) while auto plans from "
@@ -316,7 +319,8 @@ def main() -> int:
         measured = json.loads(args.actual_curve.read_text(encoding="utf-8"))[args.actual_context]
         actual = calibration.CostCurve(tuple(measured["n_tokens"]), tuple(measured["ms"]))
     params = GenerationConfig(method="auto", lookup_substitutions=not args.no_substitutions,
-                              lookup_resync=not args.no_resync).to_core()
+                              lookup_resync=not args.no_resync,
+                              lookup_loose_substitutions=not args.no_loose).to_core()
     params.lookup.stop_tokens = [] if args.no_stop_tokens else engine._core.control_tokens()  # as the engine
     if not args.no_boundaries:
         params.lookup.blank_line_tokens, params.lookup.unit_start_tokens = engine._core.layout_tokens()

@@ -251,6 +251,7 @@ NB_MODULE(_core, m) {
     m.def("kind_lookup_boundary", &spec::kind_lookup_boundary, "match_len"_a);
     m.def("kind_lookup_substituted", &spec::kind_lookup_substituted);
     m.def("kind_lookup_resync", &spec::kind_lookup_resync);
+    m.def("kind_lookup_substituted_loose", &spec::kind_lookup_substituted_loose);
     m.def("kind_corpus", &spec::kind_corpus, "confidence"_a);
     m.def("fnv1a64", [](const nb::bytes& data) { return spec::fnv1a64(data.data(), data.size()); }, "data"_a,
           "FNV-1a 64 of bytes (spec/checksum.h: the checksum of pyspec's file formats).");
@@ -336,7 +337,8 @@ NB_MODULE(_core, m) {
         .def_rw("unit_start_tokens", &spec::LookupParams::unit_start_tokens)
         .def_rw("unit_ends", &spec::LookupParams::unit_ends)
         .def_rw("substitutions", &spec::LookupParams::substitutions)
-        .def_rw("resync", &spec::LookupParams::resync);
+        .def_rw("resync", &spec::LookupParams::resync)
+        .def_rw("loose_substitutions", &spec::LookupParams::loose_substitutions);
 
     nb::class_<spec::GenerateParams>(m, "GenerateParams")
         .def(nb::init<>())

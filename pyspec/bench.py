@@ -89,7 +89,8 @@ def available_methods() -> tuple[str, ...]:
 AUTO_VARIANTS = {"no-head": (("auto_head", False),), "no-draft": (("auto_draft_model", False),),
                  "no-corpus": (("auto_corpus", False),), "no-unit-ends": (("lookup_unit_ends", False),),
                  "no-substitutions": (("lookup_substitutions", False),),
-                 "no-resync": (("lookup_resync", False),)}
+                 "no-resync": (("lookup_resync", False),),
+                 "no-loose": (("lookup_loose_substitutions", False),)}
 BEAM_SHAPED = ("beam", "redrafter")
 
 

@@ -31,7 +31,7 @@ DEFAULT_N_DRAFT = {"chain": 4, "lookup": 8, "ouroboros": 4}
 
 _INT32_RANGE = (-(2**31), 2**31 - 1)
 _UINT64_RANGE = (0, 2**64 - 1)
-_BOOL_FIELDS = {"auto_draft_model", "auto_head", "auto_corpus", "auto_adapt_costs", "lookup_unit_ends", "lookup_substitutions", "lookup_resync", "pool", "harvest_prompt", "harvest_generated", "harvest_verification",
+_BOOL_FIELDS = {"auto_draft_model", "auto_head", "auto_corpus", "auto_adapt_costs", "lookup_unit_ends", "lookup_substitutions", "lookup_resync", "lookup_loose_substitutions", "pool", "harvest_prompt", "harvest_generated", "harvest_verification",
                 "return_logits"}
 _FLOAT_FIELDS = {"temperature", "top_p", "min_p", "typical_epsilon", "typical_delta"}
 _STR_FIELDS = {"draft", "acceptance"}
@@ -114,9 +114,11 @@ class GenerationConfig:
     a function or paragraph of the source, is a node kind of its own, so auto learns whether the
     answers go on copying there or turn away; with lookup_substitutions, where a long copy broke
     and the output went on copying after a replacement of its own (a renamed identifier), later
-    copies of the same source tokens propose the replacement, and with lookup_resync, until the
-    output copies again, a short match gives way to the source where the broken copy left off
-    when the output's last token is the source's token a few positions after the break),
+    copies of the same source tokens propose the replacement (with lookup_loose_substitutions
+    also after other tokens than the one it was learnt after, as a node kind of its own), and
+    with lookup_resync, until the output copies again, a short match gives way to the source
+    where the broken copy left off when the output's last token is the source's token a few
+    positions after the break),
     "ouroboros" (draft model drafts n_draft tokens phrase by phrase, checking pool phrases in its
     own decodes, then pool_branches pool phrases lengthen the draft). None means "auto".
     draft: which of the engine's draft models drafts ("" the default one, or the name of a
@@ -162,6 +164,7 @@ class GenerationConfig:
     lookup_unit_ends: bool = True
     lookup_substitutions: bool = True
     lookup_resync: bool = True
+    lookup_loose_substitutions: bool = True
     tree_nodes: int = 8
     tree_depth: int = 6
     tree_branching: int = 4
@@ -225,6 +228,7 @@ class GenerationConfig:
         p.lookup.unit_ends = bool(self.lookup_unit_ends)
         p.lookup.substitutions = bool(self.lookup_substitutions)
         p.lookup.resync = bool(self.lookup_resync)
+        p.lookup.loose_substitutions = bool(self.lookup_loose_substitutions)
         p.tree.n_nodes = int(self.tree_nodes)
         p.tree.depth = int(self.tree_depth)
         p.tree.branching = int(self.tree_branching)

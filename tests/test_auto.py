@@ -318,6 +318,7 @@ def test_kind_names() -> None:
     assert _core.kind_name(_core.kind_lookup_contested()) == "contested"
     assert _core.kind_name(_core.kind_lookup_boundary(30)) == "lookup-boundary m25"
     assert _core.kind_name(_core.kind_lookup_substituted()) == "lookup-substituted"
+    assert _core.kind_name(_core.kind_lookup_substituted_loose()) == "lookup-substituted-loose"
     assert _core.kind_name(0) == "unknown" and _core.kind_name(300) == "unknown"
 
 
@@ -511,6 +512,8 @@ def test_replay_resumes_a_copy_after_an_inserted_stretch() -> None:
     # The switch reaches the lookup parameters; on by default.
     assert pyspec.GenerationConfig(lookup_resync=False).to_core().lookup.resync is False
     assert pyspec.GenerationConfig().to_core().lookup.resync is True
+    assert pyspec.GenerationConfig(lookup_loose_substitutions=False).to_core().lookup.loose_substitutions is False
+    assert pyspec.GenerationConfig().to_core().lookup.loose_substitutions is True
 
 
 def test_unit_end_tokens_of_a_vocabulary(engine: pyspec.Engine) -> None:

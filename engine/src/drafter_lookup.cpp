@@ -24,6 +24,10 @@ constexpr int32_t kMaxRivals = 32;
 // Breaks waiting for the output to copy again (LookupParams::substitutions), the latest kept.
 constexpr size_t kMaxPendingBreaks = 4;
 
+// Tokens the output and the source must agree on before a replaced stretch that
+// learn_from_pickup learns.
+constexpr int32_t kPickupAnchor = 1;
+
 // splitmix64's finaliser over (h ^ token): n-gram hashes are built from the last token
 // backwards, so one pass gives the hashes of every length ending at one position.
 uint64_t hash_step(uint64_t h, int32_t token) {
@@ -81,6 +85,7 @@ public:
                 copy = {resync, -1, 0, n_matched};
             } else {
                 if (match.start < 0) return;
+                if (params_.substitutions) learn_from_pickup(match.start, n_matched);
                 copy = {match.start, -1, 0, n_matched};
             }
         }
@@ -90,11 +95,12 @@ public:
         const int32_t n_tokens = int32_t(tokens_.size());
         node_src_.clear();
         node_sub_.clear();
+        node_loose_.clear();
         node_next_.clear();
         bool stopped = false;
         while (int32_t(out.tokens.size()) < request.n_draft_max) {
             if (copy.sub < 0 && !subs_.empty() && copy.pos < n_tokens) {
-                copy.sub = substitution_at(copy.pos, n_tokens);
+                copy.sub = substitution_at(copy.pos, n_tokens, &copy.loose);
                 copy.offset = 0;
             }
             int32_t token = 0, src = -1;
@@ -120,6 +126,7 @@ public:
             out.tokens.push_back(token);
             node_src_.push_back(src);
             node_sub_.push_back(sub);
+            node_loose_.push_back(sub >= 0 && copy.loose);
             node_next_.push_back(copy);
         }
         // Node i continues a match of match.n + i tokens (spec/schedule.h, node kinds), except
@@ -130,7 +137,7 @@ public:
         for (size_t i = 0; i < out.tokens.size(); ++i) {
             const int32_t n_run = n_matched + int32_t(i);
             if (node_sub_[i] >= 0) {
-                out.kinds[i] = kind_lookup_substituted();
+                out.kinds[i] = node_loose_[i] ? kind_lookup_substituted_loose() : kind_lookup_substituted();
                 first_substituted = std::min(first_substituted, i);
             } else if (resynced) {
                 out.kinds[i] = kind_lookup_resync();
@@ -164,6 +171,7 @@ private:
         for (auto& prev : previous_) prev.clear();
         subs_.clear();
         breaks_.clear();
+        last_pickup_ = -1;
         expected_.clear();
     }
 
@@ -296,6 +304,8 @@ private:
         std::vector<int32_t> old_tokens;  // the source's stretch
         std::vector<int32_t> new_tokens;  // what the output wrote instead
         bool alive = true;
+        int32_t provisional_for = -1;     // learnt before the break at this output position settled
+        std::vector<int32_t> kept_after;  // tokens after which the output kept the old stretch
     };
 
     // Where a copy goes on: source position pos, or first the rest of substitution `sub` from
@@ -306,6 +316,7 @@ private:
         int32_t sub = -1;
         int32_t offset = 0;
         int32_t run = 0;
+        bool loose = false;  // sub was learnt after another token than the one before pos
     };
 
     // A long copy broke: the output's token at `out` was not the source's at `src`.
@@ -317,21 +328,29 @@ private:
     // The substitution whose old stretch starts at source position pos after the same token as
     // where it was learnt (the longest), or -1. The token before keeps a replacement to the
     // context it was seen in: an answer that renames a variable keeps the same word in its prose.
-    int32_t substitution_at(int32_t pos, int32_t n_tokens) const {
-        int32_t best = -1;
-        size_t best_len = 0;
+    // Failing that, with loose set, the longest learnt after another token, unless the output
+    // kept the old stretch after this one (kept_after); *loose says which it found.
+    int32_t substitution_at(int32_t pos, int32_t n_tokens, bool* loose) const {
+        int32_t best = -1, best_loose = -1;
+        size_t best_len = 0, best_loose_len = 0;
+        *loose = false;
         if (pos < 1) return best;
+        const int32_t before = tokens_[size_t(pos - 1)];
         for (size_t i = 0; i < subs_.size(); ++i) {
             const Substitution& s = subs_[i];
             const size_t len = s.old_tokens.size();
-            if (!s.alive || len <= best_len || size_t(pos) + len > size_t(n_tokens)) continue;
-            if (tokens_[size_t(pos - 1)] != s.before) continue;
+            if (!s.alive || size_t(pos) + len > size_t(n_tokens)) continue;
+            const bool same = before == s.before;
+            if (same ? len <= best_len : len <= best_loose_len) continue;
+            if (!same && std::find(s.kept_after.begin(), s.kept_after.end(), before) != s.kept_after.end()) continue;
             if (std::equal(s.old_tokens.begin(), s.old_tokens.end(), tokens_.begin() + pos)) {
-                best = int32_t(i);
-                best_len = len;
+                (same ? best : best_loose) = int32_t(i);
+                (same ? best_len : best_loose_len) = len;
             }
         }
-        return best;
+        if (best >= 0 || !params_.loose_substitutions) return best;
+        *loose = best_loose >= 0;
+        return best_loose;
     }
 
     // The proposal just made, to compare with what gets committed (learn_and_resume); its
@@ -376,11 +395,19 @@ private:
             if (k < n_new && k < n_expected) {
                 const int32_t sub = node_sub_[size_t(k)];
                 const int32_t src = node_src_[size_t(k)];
-                if (sub >= 0) {
+                if (sub >= 0 && node_loose_[size_t(k)]) {
+                    // Kept the old stretch (or wrote something else) after this token: not here.
+                    Substitution& s = subs_[size_t(sub)];
+                    const int32_t pos = node_next_[size_t(k)].pos;
+                    if (pos >= 1) s.kept_after.push_back(tokens_[size_t(pos - 1)]);
+                } else if (sub >= 0) {
                     subs_[size_t(sub)].alive = false;
                 } else if (expected_run_ + k >= kSubstitutionMinMatch && src >= 0 && src < expected_at_) {
                     breaks_.push_back({src, expected_at_ + k});
-                    if (breaks_.size() > kMaxPendingBreaks) breaks_.erase(breaks_.begin());
+                    if (breaks_.size() > kMaxPendingBreaks) {
+                        forget_provisional(breaks_.front(), -1);
+                        breaks_.erase(breaks_.begin());
+                    }
                 }
             } else if (k == n_new && k > 0) {
                 const bool through_substitution =
@@ -398,53 +425,112 @@ private:
         return resume;
     }
 
+    // A copy of the prompt picked up inside the output (n_matched tokens agree, kSubstitutionResync
+    // or more) after the output replaced a stretch of the source without a proposal having run
+    // into it (a function renamed where the answer starts): where the output and the source agree
+    // again on kPickupAnchor tokens at most kSubstitutionMaxNew / kSubstitutionMaxOld tokens before
+    // the match, the fewest tokens in all, the stretches between make a substitution.
+    void learn_from_pickup(int32_t start, int32_t n_matched) {
+        const int32_t n_tokens = int32_t(tokens_.size());
+        const int32_t o = n_tokens - n_matched;  // first matched output token
+        const int32_t src = start - n_matched;   // first matched source token
+        if (n_matched < kSubstitutionResync || n_matched >= kMaxMatchLen || src > n_prompt_ || o <= n_prompt_) return;
+        if (o == last_pickup_) return;
+        last_pickup_ = o;
+        for (int32_t total = 2; total <= kSubstitutionMaxOld + kSubstitutionMaxNew; ++total) {
+            for (int32_t j = std::max(1, total - kSubstitutionMaxOld); j <= std::min(kSubstitutionMaxNew, total - 1); ++j) {
+                const int32_t r = total - j;
+                if (o - j - kPickupAnchor < n_prompt_ || src - r - kPickupAnchor < 0) continue;
+                if (std::equal(tokens_.begin() + (o - j - kPickupAnchor), tokens_.begin() + (o - j),
+                               tokens_.begin() + (src - r - kPickupAnchor))) {
+                    learn(tokens_[size_t(src - r - 1)], {tokens_.begin() + (src - r), tokens_.begin() + src},
+                          {tokens_.begin() + (o - j), tokens_.begin() + o});
+                    return;
+                }
+            }
+        }
+    }
+
     // Looks for where the output copies the source again after break b: the fewest tokens of
     // its own (j) and skipped source tokens (r) after which kSubstitutionResync tokens agree
     // again; learns old = the r source tokens, new = the j output tokens. True when settled
     // (learnt, or no such place within the limits), false while the output is too short to tell.
+    // While it is, the first place whose committed tokens agree so far (at least
+    // kSubstitutionProvisional of them) is learnt provisionally: a copy that resumes after a
+    // rename can meet the renamed name again before three tokens have confirmed it. Settling
+    // forgets a provisional substitution it does not confirm.
     bool settle(const Break& b, int32_t n_tokens) {
         for (int32_t total = 2; total <= kSubstitutionMaxOld + kSubstitutionMaxNew; ++total) {
             for (int32_t j = std::max(1, total - kSubstitutionMaxOld); j <= std::min(kSubstitutionMaxNew, total - 1); ++j) {
                 const int32_t r = total - j;
-                if (b.out + j + kSubstitutionResync > n_tokens) return false;
                 if (b.src + r + kSubstitutionResync > b.out) continue;
-                if (std::equal(tokens_.begin() + (b.out + j), tokens_.begin() + (b.out + j + kSubstitutionResync),
-                               tokens_.begin() + (b.src + r))) {
-                    if (b.src >= 1) {
-                        learn(tokens_[size_t(b.src - 1)], {tokens_.begin() + b.src, tokens_.begin() + (b.src + r)},
-                              {tokens_.begin() + b.out, tokens_.begin() + (b.out + j)});
-                    }
-                    return true;
+                const int32_t n_known = std::min(kSubstitutionResync, n_tokens - (b.out + j));
+                const bool agree = n_known <= 0 ||
+                                   std::equal(tokens_.begin() + (b.out + j), tokens_.begin() + (b.out + j + n_known),
+                                              tokens_.begin() + (b.src + r));
+                if (!agree) continue;
+                if (n_known < kSubstitutionResync) {
+                    if (n_known >= kSubstitutionProvisional) learn_at(b, r, j, true);
+                    return false;
                 }
+                learn_at(b, r, j, false);
+                return true;
             }
         }
+        forget_provisional(b, -1);
         return true;
     }
 
-    void learn(int32_t before, std::vector<int32_t> old_tokens, std::vector<int32_t> new_tokens) {
-        for (const int32_t t : new_tokens) {
-            if (contains(params_.stop_tokens, t)) return;
+    // Learns that the output replaced the r source tokens after break b with its j tokens.
+    void learn_at(const Break& b, int32_t r, int32_t j, bool provisional) {
+        int32_t slot = -1;
+        if (b.src >= 1) {
+            slot = learn(tokens_[size_t(b.src - 1)], {tokens_.begin() + b.src, tokens_.begin() + (b.src + r)},
+                         {tokens_.begin() + b.out, tokens_.begin() + (b.out + j)});
         }
-        for (Substitution& s : subs_) {  // the same stretch replaced again: the latest replacement
+        forget_provisional(b, slot);
+        if (slot >= 0) subs_[size_t(slot)].provisional_for = provisional ? b.out : -1;
+    }
+
+    // Forgets what break b learnt provisionally, except slot `keep`.
+    void forget_provisional(const Break& b, int32_t keep) {
+        for (size_t i = 0; i < subs_.size(); ++i) {
+            if (int32_t(i) != keep && subs_[i].provisional_for == b.out) {
+                subs_[i].alive = false;
+                subs_[i].provisional_for = -1;
+            }
+        }
+    }
+
+    // The slot of the substitution learnt (or updated), -1 when none was.
+    int32_t learn(int32_t before, std::vector<int32_t> old_tokens, std::vector<int32_t> new_tokens) {
+        for (const int32_t t : new_tokens) {
+            if (contains(params_.stop_tokens, t)) return -1;
+        }
+        for (size_t i = 0; i < subs_.size(); ++i) {  // the same stretch replaced again: the latest replacement
+            Substitution& s = subs_[i];
             if (s.alive && s.before == before && s.old_tokens == old_tokens) {
                 s.new_tokens = std::move(new_tokens);
-                return;
+                return int32_t(i);
             }
         }
-        Substitution learnt{before, std::move(old_tokens), std::move(new_tokens), true};
-        for (Substitution& s : subs_) {  // a forgotten one's slot (proposals refer to slots)
-            if (!s.alive) {
-                s = std::move(learnt);
-                return;
+        Substitution learnt{before, std::move(old_tokens), std::move(new_tokens), true, -1, {}};
+        for (size_t i = 0; i < subs_.size(); ++i) {  // a forgotten one's slot (proposals refer to slots)
+            if (!subs_[i].alive) {
+                subs_[i] = std::move(learnt);
+                return int32_t(i);
             }
         }
-        if (int32_t(subs_.size()) < kMaxSubstitutions) subs_.push_back(std::move(learnt));
+        if (int32_t(subs_.size()) >= kMaxSubstitutions) return -1;
+        subs_.push_back(std::move(learnt));
+        return int32_t(subs_.size()) - 1;
     }
 
     LookupParams params_;
     std::vector<int32_t> tokens_;  // [n_tokens] the committed sequence seen so far
     int32_t n_prompt_ = 0;         // tokens_[0, n_prompt_) is the request's prompt
     int32_t n_indexed_ = 0;        // n-grams ending at positions < n_indexed_ are in the index
+    int32_t last_pickup_ = -1;     // output position of the last copy learn_from_pickup looked at
     // [ngram_max - ngram_min + 1] per n-gram length n (from ngram_min): hash of the n tokens ->
     // position of the token that followed their most recent occurrence.
     std::vector<std::unordered_map<uint64_t, int32_t>> index_;
@@ -456,6 +542,7 @@ private:
     // position (-1 for a substituted node), its substitution (-1 for a copied node), and the copy
     // state after it.
     std::vector<int32_t> node_src_, node_sub_;
+    std::vector<char> node_loose_;  // [same] a loosely substituted node
     std::vector<CopyState> node_next_;
     std::vector<Substitution> subs_;  // learnt in this request (slots; forgotten ones not alive)
     std::vector<Break> breaks_;       // not settled yet

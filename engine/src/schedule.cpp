@@ -107,6 +107,11 @@ static_assert(kLookupSubstituted < kNumKinds, "node kinds must fit kNumKinds");
 constexpr int32_t kLookupResync = kLookupSubstituted + 1;
 constexpr double kResyncPrior = 0.5;
 static_assert(kLookupResync < kNumKinds, "node kinds must fit kNumKinds");
+// Loosely substituted nodes (kind_lookup_substituted_loose): a replacement applied after another
+// token than where it was learnt. An even prior; the statistics decide.
+constexpr int32_t kLookupSubstitutedLoose = kLookupResync + 1;
+constexpr double kSubstitutedLoosePrior = 0.5;
+static_assert(kLookupSubstitutedLoose < kNumKinds, "node kinds must fit kNumKinds");
 static_assert(kHead < kNumKinds, "node kinds must fit kNumKinds");
 
 bool is_corpus_kind(int32_t kind) { return kind >= kFirstCorpus && kind < kFirstCorpus + kCorpusKinds; }
@@ -128,6 +133,7 @@ double prior_mean(int32_t kind) {
     if (is_boundary_kind(kind)) return kBoundaryPrior;
     if (kind == kLookupSubstituted) return kSubstitutedPrior;
     if (kind == kLookupResync) return kResyncPrior;
+    if (kind == kLookupSubstitutedLoose) return kSubstitutedLoosePrior;
     if (kind >= kFirstLookup && kind < kFirstPool && kBucketStart[kind - kFirstLookup] >= kLongCopy) {
         const double m = kBucketStart[kind - kFirstLookup];
         return std::min(kLongCopyPriorMax, m * m / (m * m + 4.0));
@@ -169,6 +175,7 @@ uint8_t kind_head() { return uint8_t(kHead); }
 uint8_t kind_lookup_boundary(int32_t match_len) { return uint8_t(kFirstBoundary + match_bucket(match_len)); }
 uint8_t kind_lookup_substituted() { return uint8_t(kLookupSubstituted); }
 uint8_t kind_lookup_resync() { return uint8_t(kLookupResync); }
+uint8_t kind_lookup_substituted_loose() { return uint8_t(kLookupSubstitutedLoose); }
 uint8_t kind_corpus(double confidence) {
     int32_t b = 0;
     while (b + 1 < kCorpusKinds && kCorpusBucketStart[b + 1] <= confidence) ++b;
@@ -187,6 +194,7 @@ std::string kind_name(uint8_t kind) {
     if (is_boundary_kind(kind)) return "lookup-boundary" + bucket(kind - kFirstBoundary);
     if (kind == kLookupSubstituted) return "lookup-substituted";
     if (kind == kLookupResync) return "lookup-resync";
+    if (kind == kLookupSubstitutedLoose) return "lookup-substituted-loose";
     if (is_corpus_kind(kind)) {
         char buf[32];
         std::snprintf(buf, sizeof(buf), "corpus c%.2g", kCorpusBucketStart[kind - kFirstCorpus]);

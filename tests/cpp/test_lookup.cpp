@@ -301,12 +301,13 @@ void test_contested_nodes() {
     CHECK(out.kinds[0] == spec::kind_lookup(2) && out.kinds[1] == spec::kind_lookup(3));
 }
 
-// A source of three runs of eight tokens (seven distinct ones, then 90 or `before`), each followed
-// by the stretch `old`; the output copies it with `old` replaced by `replacement` everywhere.
-// Returns the source and the output.
+// A source of runs of eight tokens (seven distinct ones, then `before`'s token of the run: three
+// runs by default), each followed by the stretch `old`, then four more tokens; the output copies
+// it with `old` replaced by `replacement` everywhere. Returns the source and the output.
 std::pair<Tokens, Tokens> renamed_copy(const Tokens& old, const Tokens& replacement, const Tokens& before = {90, 90, 90}) {
     Tokens source = {50}, output;
-    for (int32_t run = 0; run < 3; ++run) {
+    const int32_t n_runs = int32_t(before.size());
+    for (int32_t run = 0; run < n_runs; ++run) {
         for (int32_t i = 1; i <= 8; ++i) {
             const int32_t token = i < 8 ? run * 8 + i : before[size_t(run)];
             source.push_back(token);
@@ -315,7 +316,7 @@ std::pair<Tokens, Tokens> renamed_copy(const Tokens& old, const Tokens& replacem
         source.insert(source.end(), old.begin(), old.end());
         output.insert(output.end(), replacement.begin(), replacement.end());
     }
-    for (int32_t i = 25; i <= 28; ++i) {
+    for (int32_t i = n_runs * 8 + 1; i <= n_runs * 8 + 4; ++i) {
         source.push_back(i);
         output.push_back(i);
     }
@@ -389,11 +390,13 @@ void test_a_rejected_substitution_is_forgotten() {
 
 void test_substitutions_keep_their_context() {
     // The third run's stretch follows another token (91) than the one the substitution was learnt
-    // after (90): its copy proposes the source's own stretch.
+    // after (90): without loose substitutions its copy proposes the source's own stretch.
     const auto [source, renamed] = renamed_copy({100}, {200}, {90, 90, 91});
     Tokens output = renamed;
     output[26] = 100;  // the answer keeps it there too
-    auto drafter = spec::make_prompt_lookup_drafter(spec::LookupParams{});
+    spec::LookupParams params;
+    params.loose_substitutions = false;
+    auto drafter = spec::make_prompt_lookup_drafter(params);
     drafter->begin(source);
     Tokens committed = source;
     commit_steps(*drafter, committed, output, 0, 17);
@@ -401,7 +404,86 @@ void test_substitutions_keep_their_context() {
     CHECK(!out.tokens.empty() && out.tokens[0] == 200 && out.kinds[0] == spec::kind_lookup_substituted());
     // The proposal goes on into the third run and leaves its stretch, after 91, as it is.
     CHECK(out.tokens.size() > 9 && out.tokens[8] == 91 && out.tokens[9] == 100);
-    CHECK(out.kinds[9] != spec::kind_lookup_substituted());
+    CHECK(out.kinds[9] != spec::kind_lookup_substituted() && out.kinds[9] != spec::kind_lookup_substituted_loose());
+}
+
+void test_loose_substitutions() {
+    // Four runs, the last two after 91: the substitution learnt after 90 applies after 91 as a
+    // loose one (a kind of its own); once the output kept the old stretch after 91, a later copy
+    // leaves it there, while after 90 it still proposes the replacement.
+    const auto [source, renamed] = renamed_copy({100}, {200}, {90, 90, 91, 91});
+    Tokens output = renamed;
+    output[26] = 100;  // the third run keeps it
+    output[35] = 100;  // and so does the fourth
+    auto drafter = spec::make_prompt_lookup_drafter(spec::LookupParams{});
+    drafter->begin(source);
+    Tokens committed = source;
+    commit_steps(*drafter, committed, output, 0, 17);
+    spec::Draft out = draft_with_kinds(*drafter, committed, 64);  // the second run: after 90
+    CHECK(!out.tokens.empty() && out.tokens[0] == 200 && out.kinds[0] == spec::kind_lookup_substituted());
+    CHECK(out.tokens.size() > 9 && out.tokens[8] == 91 && out.tokens[9] == 200);
+    CHECK(out.kinds[9] == spec::kind_lookup_substituted_loose());
+    // The output follows up to the third run's stretch and keeps it.
+    committed.insert(committed.end(), out.tokens.begin(), out.tokens.begin() + 9);
+    drafter->accept(committed, 9);
+    commit_steps(*drafter, committed, output, 26, 29);
+    out = draft_with_kinds(*drafter, committed, 64);  // copies on into the fourth run, after 91
+    CHECK(out.tokens.size() > 6 && out.tokens[5] == 91 && out.tokens[6] == 100);
+    CHECK(out.kinds[6] != spec::kind_lookup_substituted_loose() && out.kinds[6] != spec::kind_lookup_substituted());
+}
+
+void test_a_substitution_is_learnt_before_it_settles() {
+    // The output replaces the first run's stretch and copies on: one copied token after the
+    // replacement, the copy resumes in the source (resync) and the second run's stretch is
+    // proposed replaced already, provisionally (three tokens settle it).
+    for (const Tokens& replacement : {Tokens{200}, Tokens{200, 201}}) {
+        const auto [source, output] = renamed_copy({100}, replacement);
+        const int32_t n_new = int32_t(replacement.size());
+        auto drafter = spec::make_prompt_lookup_drafter(spec::LookupParams{});
+        drafter->begin(source);
+        Tokens committed = source;
+        commit_steps(*drafter, committed, output, 0, size_t(8 + n_new + 1));
+        const spec::Draft out = draft_with_kinds(*drafter, committed, 64);
+        CHECK(out.tokens.size() >= size_t(7 + n_new));
+        CHECK((Tokens(out.tokens.begin(), out.tokens.begin() + 7) == Tokens{10, 11, 12, 13, 14, 15, 90}));
+        CHECK(std::equal(replacement.begin(), replacement.end(), out.tokens.begin() + 7));
+        CHECK(out.kinds[7] == spec::kind_lookup_substituted());
+    }
+    // The output goes on otherwise (200, 9, 77, 10, ...: the first run's 100 and 9 became
+    // 200 9 77): settling learns that and forgets the provisional 100 -> 200, so the third run's
+    // 100, whose 9 follows no more, is proposed as it is.
+    const auto [source, renamed] = renamed_copy({100}, {200});
+    Tokens output(renamed.begin(), renamed.begin() + 10);  // 1..7 90 200 9
+    output.push_back(77);
+    output.insert(output.end(), renamed.begin() + 10, renamed.begin() + 16);  // 10..15
+    output.push_back(90);
+    auto drafter = spec::make_prompt_lookup_drafter(spec::LookupParams{});
+    drafter->begin(source);
+    Tokens committed = source;
+    commit_steps(*drafter, committed, output, 0, output.size());
+    const spec::Draft out = draft_with_kinds(*drafter, committed, 64);
+    CHECK(!out.tokens.empty() && out.tokens[0] == 100);
+    CHECK(out.kinds[0] != spec::kind_lookup_substituted() && out.kinds[0] != spec::kind_lookup_substituted_loose());
+}
+
+void test_a_replacement_before_the_first_copy_is_learnt() {
+    // The answer renames the prompt's 100 (after 60) to 200 before anything was copied, then
+    // copies 1 2 3: the copy learns the replacement where output and source agree before it, and
+    // proposes it where the source has 100 after 60 again.
+    const Tokens source = {50, 60, 100, 1, 2, 3, 4, 5, 6, 7, 8, 61, 62, 63, 60, 100, 9, 10, 11, 51};
+    for (const bool on : {true, false}) {
+        spec::LookupParams params;
+        params.substitutions = on;
+        auto drafter = spec::make_prompt_lookup_drafter(params);
+        drafter->begin(source);
+        Tokens committed = source;
+        commit_steps(*drafter, committed, {60, 200, 1, 2, 3}, 0, 5);
+        const spec::Draft out = draft_with_kinds(*drafter, committed, 64);
+        CHECK(out.tokens.size() > 11);
+        CHECK((Tokens(out.tokens.begin(), out.tokens.begin() + 10) == Tokens{4, 5, 6, 7, 8, 61, 62, 63, 60, on ? 200 : 100}));
+        CHECK(out.tokens[10] == 9);
+        CHECK((out.kinds[9] == spec::kind_lookup_substituted()) == on);
+    }
 }
 
 void test_substitutions_off() {
@@ -444,6 +526,9 @@ int main() {
     test_substitutions_follow_the_outputs_replacement();
     test_a_rejected_substitution_is_forgotten();
     test_substitutions_keep_their_context();
+    test_loose_substitutions();
+    test_a_substitution_is_learnt_before_it_settles();
+    test_a_replacement_before_the_first_copy_is_learnt();
     test_substitutions_off();
     test_validation();
     std::printf("%d checks, %d failed\n", g_checks, g_failures);

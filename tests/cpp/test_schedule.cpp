@@ -289,6 +289,11 @@ void test_substituted_kind() {
     CHECK_NEAR(s.estimate(sub, 0), 0.6, 1e-12);
     s.record(sub, 4, true);
     CHECK_NEAR(s.estimate(sub, 0), (1 + 2 * 0.6) / 3.0, 1e-12);
+    // The loose one: another kind, an even prior, no depth.
+    const uint8_t loose = kind_lookup_substituted_loose();
+    CHECK(loose < kNumKinds && loose != sub && loose != kind_lookup_resync() && !kind_has_depth(loose));
+    CHECK(kind_name(loose) == "lookup-substituted-loose");
+    CHECK_NEAR(s.estimate(loose, 3), 0.5, 1e-12);
 }
 
 void test_plan_draft_hand_computed() {

@@ -164,7 +164,12 @@ struct LookupParams {
     // output's replacement make a substitution; later copies propose the replacement wherever they
     // reach the same source tokens after the same source token as where it was learnt
     // (kind_lookup_substituted), and go on through it. A substituted node the target rejects
-    // forgets its substitution.
+    // forgets its substitution. Until kSubstitutionResync tokens have agreed, the first place
+    // that kSubstitutionProvisional committed tokens agree with is learnt provisionally (a copy
+    // that resumes right after a rename can meet the name again before the break settles) and
+    // settling forgets it unless it confirms it. A copy of the prompt picked up inside the
+    // output after a replacement no proposal ran into (a function renamed where the answer
+    // starts) learns it too, where the output and the source agree on the token before it.
     bool substitutions = true;
     // With substitutions: while a long copy's break is not settled yet (the output has written at
     // most kSubstitutionMaxNew tokens of its own since), a copy whose match is shorter than
@@ -173,11 +178,16 @@ struct LookupParams {
     // token is the output's last token (kind_lookup_resync). The copy the output then follows goes
     // on from there, as one through a substitution does, instead of from a new short match.
     bool resync = true;
+    // With substitutions: where no substitution was learnt after the source token before a
+    // copied stretch, one learnt after another token applies too (kind_lookup_substituted_loose),
+    // unless the output already kept that stretch after this token.
+    bool loose_substitutions = true;
 };
 constexpr int32_t kSubstitutionMinMatch = 8;
 constexpr int32_t kSubstitutionMaxOld = 8;
 constexpr int32_t kSubstitutionMaxNew = 8;
 constexpr int32_t kSubstitutionResync = 3;  // tokens that must agree again after a replacement
+constexpr int32_t kSubstitutionProvisional = 1;  // of them: enough for a provisional substitution
 constexpr int32_t kMaxSubstitutions = 16;   // per request
 constexpr int32_t kLookupNgramLimit = 16;
 

@@ -110,6 +110,10 @@ uint8_t kind_lookup_substituted();
 // by depth: a one-token key is a weak guess, and the statistics learn how often it holds and how
 // far such a copy then goes. 87.
 uint8_t kind_lookup_resync();
+// A substituted node whose replacement was learnt after another token than the one before the
+// copied stretch here (LookupParams::substitutions): a renamed identifier met again in another
+// context, where prose may keep the old word. One kind. 88.
+uint8_t kind_lookup_substituted_loose();
 bool is_model_kind(uint8_t kind);
 // A readable name of a node kind for reports: "lookup m4" (prompt lookup, match bucket from 4),
 // "pool m2", "lookup-output m3", "lookup-end", "contested", "model p0.7" (decile from 0.7),
