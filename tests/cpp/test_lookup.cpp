@@ -408,10 +408,10 @@ void test_substitutions_keep_their_context() {
 }
 
 void test_loose_substitutions() {
-    // Four runs, the last two after 91: the substitution learnt after 90 applies after 91 as a
-    // loose one (a kind of its own); once the output kept the old stretch after 91, a later copy
-    // leaves it there, while after 90 it still proposes the replacement.
-    const auto [source, renamed] = renamed_copy({100}, {200}, {90, 90, 91, 91});
+    // Five runs, the third and fourth after 91: the substitution learnt after 90 applies after 91
+    // as a loose one (a kind of its own); once the output kept the old stretch after 91, a later
+    // copy leaves it there, while after 90 (the fifth run) it still proposes the replacement.
+    const auto [source, renamed] = renamed_copy({100}, {200}, {90, 90, 91, 91, 90});
     Tokens output = renamed;
     output[26] = 100;  // the third run keeps it
     output[35] = 100;  // and so does the fourth
@@ -428,8 +428,9 @@ void test_loose_substitutions() {
     drafter->accept(committed, 9);
     commit_steps(*drafter, committed, output, 26, 29);
     out = draft_with_kinds(*drafter, committed, 64);  // copies on into the fourth run, after 91
-    CHECK(out.tokens.size() > 6 && out.tokens[5] == 91 && out.tokens[6] == 100);
+    CHECK(out.tokens.size() > 15 && out.tokens[5] == 91 && out.tokens[6] == 100);
     CHECK(out.kinds[6] != spec::kind_lookup_substituted_loose() && out.kinds[6] != spec::kind_lookup_substituted());
+    CHECK(out.tokens[14] == 90 && out.tokens[15] == 200 && out.kinds[15] == spec::kind_lookup_substituted());
 }
 
 void test_a_substitution_is_learnt_before_it_settles() {
