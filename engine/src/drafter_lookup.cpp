@@ -28,6 +28,19 @@ constexpr size_t kMaxPendingBreaks = 4;
 // learn_from_pickup learns.
 constexpr int32_t kPickupAnchor = 1;
 
+// Calls f(j, r) for each replacement of r source tokens by j output tokens within the
+// substitution limits, the fewest tokens in all first (fewer output tokens first among equals),
+// until f returns true; whether one did.
+template <typename F>
+bool first_replacement(F&& f) {
+    for (int32_t total = 2; total <= kSubstitutionMaxOld + kSubstitutionMaxNew; ++total) {
+        for (int32_t j = std::max(1, total - kSubstitutionMaxOld); j <= std::min(kSubstitutionMaxNew, total - 1); ++j) {
+            if (f(j, total - j)) return true;
+        }
+    }
+    return false;
+}
+
 // splitmix64's finaliser over (h ^ token): n-gram hashes are built from the last token
 // backwards, so one pass gives the hashes of every length ending at one position.
 uint64_t hash_step(uint64_t h, int32_t token) {
@@ -437,18 +450,16 @@ private:
         if (n_matched < kSubstitutionResync || n_matched >= kMaxMatchLen || src > n_prompt_ || o <= n_prompt_) return;
         if (o == last_pickup_) return;
         last_pickup_ = o;
-        for (int32_t total = 2; total <= kSubstitutionMaxOld + kSubstitutionMaxNew; ++total) {
-            for (int32_t j = std::max(1, total - kSubstitutionMaxOld); j <= std::min(kSubstitutionMaxNew, total - 1); ++j) {
-                const int32_t r = total - j;
-                if (o - j - kPickupAnchor < n_prompt_ || src - r - kPickupAnchor < 0) continue;
-                if (std::equal(tokens_.begin() + (o - j - kPickupAnchor), tokens_.begin() + (o - j),
-                               tokens_.begin() + (src - r - kPickupAnchor))) {
-                    learn(tokens_[size_t(src - r - 1)], {tokens_.begin() + (src - r), tokens_.begin() + src},
-                          {tokens_.begin() + (o - j), tokens_.begin() + o});
-                    return;
-                }
+        first_replacement([&](int32_t j, int32_t r) {
+            if (o - j - kPickupAnchor < n_prompt_ || src - r - kPickupAnchor < 0) return false;
+            if (!std::equal(tokens_.begin() + (o - j - kPickupAnchor), tokens_.begin() + (o - j),
+                            tokens_.begin() + (src - r - kPickupAnchor))) {
+                return false;
             }
-        }
+            learn(tokens_[size_t(src - r - 1)], {tokens_.begin() + (src - r), tokens_.begin() + src},
+                  {tokens_.begin() + (o - j), tokens_.begin() + o});
+            return true;
+        });
     }
 
     // Looks for where the output copies the source again after break b: the fewest tokens of
@@ -460,25 +471,20 @@ private:
     // rename can meet the renamed name again before three tokens have confirmed it. Settling
     // forgets a provisional substitution it does not confirm.
     bool settle(const Break& b, int32_t n_tokens) {
-        for (int32_t total = 2; total <= kSubstitutionMaxOld + kSubstitutionMaxNew; ++total) {
-            for (int32_t j = std::max(1, total - kSubstitutionMaxOld); j <= std::min(kSubstitutionMaxNew, total - 1); ++j) {
-                const int32_t r = total - j;
-                if (b.src + r + kSubstitutionResync > b.out) continue;
-                const int32_t n_known = std::min(kSubstitutionResync, n_tokens - (b.out + j));
-                const bool agree = n_known <= 0 ||
-                                   std::equal(tokens_.begin() + (b.out + j), tokens_.begin() + (b.out + j + n_known),
-                                              tokens_.begin() + (b.src + r));
-                if (!agree) continue;
-                if (n_known < kSubstitutionResync) {
-                    if (n_known >= kSubstitutionProvisional) learn_at(b, r, j, true);
-                    return false;
-                }
-                learn_at(b, r, j, false);
-                return true;
+        bool settled = true;
+        const bool found = first_replacement([&](int32_t j, int32_t r) {
+            if (b.src + r + kSubstitutionResync > b.out) return false;
+            const int32_t n_known = std::min(kSubstitutionResync, n_tokens - (b.out + j));
+            if (n_known > 0 && !std::equal(tokens_.begin() + (b.out + j), tokens_.begin() + (b.out + j + n_known),
+                                           tokens_.begin() + (b.src + r))) {
+                return false;
             }
-        }
-        forget_provisional(b, -1);
-        return true;
+            settled = n_known >= kSubstitutionResync;
+            if (settled || n_known >= kSubstitutionProvisional) learn_at(b, r, j, !settled);
+            return true;
+        });
+        if (!found) forget_provisional(b, -1);
+        return settled;
     }
 
     // Learns that the output replaced the r source tokens after break b with its j tokens.

@@ -370,16 +370,25 @@ void commit_steps(spec::Drafter& drafter, Tokens& committed, const Tokens& outpu
     }
 }
 
+// A drafter whose request's prompt is `source` and that has committed output[0, n) one token a
+// step, drafting before each; committed: the sequence so far.
+std::unique_ptr<spec::Drafter> drafter_after(const Tokens& source, const Tokens& output, size_t n, Tokens& committed,
+                                             const spec::LookupParams& params = {}) {
+    auto drafter = spec::make_prompt_lookup_drafter(params);
+    drafter->begin(source);
+    committed = source;
+    commit_steps(*drafter, committed, output, 0, n);
+    return drafter;
+}
+
 void test_a_rejected_substitution_is_forgotten() {
     // The output replaces the first stretch, then keeps the second: the substitution proposed
     // there fails, and the third run's copy proposes the source's own stretch again.
     const auto [source, renamed] = renamed_copy({100}, {200});
     Tokens output = renamed;
     output[17] = 100;  // the second run's stretch, kept
-    auto drafter = spec::make_prompt_lookup_drafter(spec::LookupParams{});
-    drafter->begin(source);
-    Tokens committed = source;
-    commit_steps(*drafter, committed, output, 0, 17);
+    Tokens committed;
+    const auto drafter = drafter_after(source, output, 17, committed);
     spec::Draft out = draft_with_kinds(*drafter, committed, 64);
     CHECK(!out.tokens.empty() && out.tokens[0] == 200 && out.kinds[0] == spec::kind_lookup_substituted());
     committed.push_back(100);  // the target keeps the source's token
@@ -396,10 +405,8 @@ void test_substitutions_keep_their_context() {
     output[26] = 100;  // the answer keeps it there too
     spec::LookupParams params;
     params.loose_substitutions = false;
-    auto drafter = spec::make_prompt_lookup_drafter(params);
-    drafter->begin(source);
-    Tokens committed = source;
-    commit_steps(*drafter, committed, output, 0, 17);
+    Tokens committed;
+    const auto drafter = drafter_after(source, output, 17, committed, params);
     spec::Draft out = draft_with_kinds(*drafter, committed, 64);  // the second run: after 90
     CHECK(!out.tokens.empty() && out.tokens[0] == 200 && out.kinds[0] == spec::kind_lookup_substituted());
     // The proposal goes on into the third run and leaves its stretch, after 91, as it is.
@@ -415,10 +422,8 @@ void test_loose_substitutions() {
     Tokens output = renamed;
     output[26] = 100;  // the third run keeps it
     output[35] = 100;  // and so does the fourth
-    auto drafter = spec::make_prompt_lookup_drafter(spec::LookupParams{});
-    drafter->begin(source);
-    Tokens committed = source;
-    commit_steps(*drafter, committed, output, 0, 17);
+    Tokens committed;
+    const auto drafter = drafter_after(source, output, 17, committed);
     spec::Draft out = draft_with_kinds(*drafter, committed, 64);  // the second run: after 90
     CHECK(!out.tokens.empty() && out.tokens[0] == 200 && out.kinds[0] == spec::kind_lookup_substituted());
     CHECK(out.tokens.size() > 9 && out.tokens[8] == 91 && out.tokens[9] == 200);
@@ -492,10 +497,8 @@ void test_substitutions_off() {
     const auto [source, output] = renamed_copy({100}, {200});
     spec::LookupParams params;
     params.substitutions = false;
-    auto drafter = spec::make_prompt_lookup_drafter(params);
-    drafter->begin(source);
-    Tokens committed = source;
-    commit_steps(*drafter, committed, output, 0, 17);
+    Tokens committed;
+    const auto drafter = drafter_after(source, output, 17, committed, params);
     const spec::Draft out = draft_with_kinds(*drafter, committed, 64);
     CHECK(!out.tokens.empty() && out.tokens[0] == 100 && out.kinds[0] == spec::kind_lookup(8));
 }
