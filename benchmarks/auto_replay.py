@@ -276,6 +276,8 @@ def main() -> int:
     ap.add_argument("--no-loose", action="store_true",
                     help="a substitution applies only after the token it was learnt after (auto before "
                          "it also applied elsewhere)")
+    ap.add_argument("--no-fences", action="store_true",
+                    help="no kind of its own for a copy whose short key holds a code fence (auto before it had one)")
     ap.add_argument("--actual-curve", type=Path,
                     help="charge the steps this curve's times (a `benchmarks/context_cost.py --json` file "
                          "and --actual-context, e.g. the target at a long context) while auto plans from "
@@ -324,6 +326,8 @@ def main() -> int:
     params.lookup.stop_tokens = [] if args.no_stop_tokens else engine._core.control_tokens()  # as the engine
     if not args.no_boundaries:
         params.lookup.blank_line_tokens, params.lookup.unit_start_tokens = engine._core.layout_tokens()
+    if not args.no_fences:
+        params.lookup.fence_tokens = engine._core.fence_tokens()
     corpus = engine._core.load_ngram(str(args.ngram)) if args.ngram else None  # checked against the target
     reports = [json.loads(p.read_text(encoding="utf-8")) for p in args.bench]
     jobs = [recorded_runs(data) for data in reports]

@@ -252,6 +252,8 @@ NB_MODULE(_core, m) {
     m.def("kind_lookup_substituted", &spec::kind_lookup_substituted);
     m.def("kind_lookup_resync", &spec::kind_lookup_resync);
     m.def("kind_lookup_substituted_loose", &spec::kind_lookup_substituted_loose);
+    m.def("kind_lookup_fence", &spec::kind_lookup_fence);
+    m.def("kind_lookup_answer_start", &spec::kind_lookup_answer_start);
     m.def("kind_corpus", &spec::kind_corpus, "confidence"_a);
     m.def("fnv1a64", [](const nb::bytes& data) { return spec::fnv1a64(data.data(), data.size()); }, "data"_a,
           "FNV-1a 64 of bytes (spec/checksum.h: the checksum of pyspec's file formats).");
@@ -336,6 +338,8 @@ NB_MODULE(_core, m) {
         .def_rw("blank_line_tokens", &spec::LookupParams::blank_line_tokens)
         .def_rw("unit_start_tokens", &spec::LookupParams::unit_start_tokens)
         .def_rw("unit_ends", &spec::LookupParams::unit_ends)
+        .def_rw("fence_tokens", &spec::LookupParams::fence_tokens)
+        .def_rw("fences", &spec::LookupParams::fences)
         .def_rw("substitutions", &spec::LookupParams::substitutions)
         .def_rw("resync", &spec::LookupParams::resync)
         .def_rw("loose_substitutions", &spec::LookupParams::loose_substitutions);
@@ -556,6 +560,8 @@ NB_MODULE(_core, m) {
             e.shared_target()->layout_tokens(&blank_line, &unit_start);
             return std::make_pair(blank_line, unit_start);
         }, "(blank_line_tokens, unit_start_tokens) of the target's vocabulary (LookupParams).")
+        .def("fence_tokens", [](spec::Engine& e) { return e.shared_target()->fence_tokens(); },
+             "The target's tokens whose text holds a code fence (LookupParams.fence_tokens).")
         .def_prop_ro("n_vocab", [](spec::Engine& e) { return e.shared_target()->n_vocab(); })
         .def_prop_ro("n_ctx", [](spec::Engine& e) { return e.shared_target()->n_ctx(); })
         .def_prop_ro("n_repacked", [](spec::Engine& e) { return e.shared_target()->n_repacked(); })

@@ -90,7 +90,8 @@ AUTO_VARIANTS = {"no-head": (("auto_head", False),), "no-draft": (("auto_draft_m
                  "no-corpus": (("auto_corpus", False),), "no-unit-ends": (("lookup_unit_ends", False),),
                  "no-substitutions": (("lookup_substitutions", False),),
                  "no-resync": (("lookup_resync", False),),
-                 "no-loose": (("lookup_loose_substitutions", False),)}
+                 "no-loose": (("lookup_loose_substitutions", False),),
+                 "no-fences": (("lookup_fences", False),)}
 BEAM_SHAPED = ("beam", "redrafter")
 
 

@@ -31,7 +31,7 @@ DEFAULT_N_DRAFT = {"chain": 4, "lookup": 8, "ouroboros": 4}
 
 _INT32_RANGE = (-(2**31), 2**31 - 1)
 _UINT64_RANGE = (0, 2**64 - 1)
-_BOOL_FIELDS = {"auto_draft_model", "auto_head", "auto_corpus", "auto_adapt_costs", "lookup_unit_ends", "lookup_substitutions", "lookup_resync", "lookup_loose_substitutions", "pool", "harvest_prompt", "harvest_generated", "harvest_verification",
+_BOOL_FIELDS = {"auto_draft_model", "auto_head", "auto_corpus", "auto_adapt_costs", "lookup_unit_ends", "lookup_substitutions", "lookup_resync", "lookup_loose_substitutions", "lookup_fences", "pool", "harvest_prompt", "harvest_generated", "harvest_verification",
                 "return_logits"}
 _FLOAT_FIELDS = {"temperature", "top_p", "min_p", "typical_epsilon", "typical_delta"}
 _STR_FIELDS = {"draft", "acceptance"}
@@ -118,7 +118,10 @@ class GenerationConfig:
     also after other tokens than the one it was learnt after, as a node kind of its own), and
     with lookup_resync, until the output copies again, a short match gives way to the source
     where the broken copy left off when the output's last token is the source's token a few
-    positions after the break),
+    positions after the break; with lookup_fences, before the answer's first token the prompt's
+    first code block (from its fence, ```python) is proposed, and a copy whose short key holds
+    such a fence starts as a node kind of its own, so auto learns whether this stream's answers
+    write the given code out again),
     "ouroboros" (draft model drafts n_draft tokens phrase by phrase, checking pool phrases in its
     own decodes, then pool_branches pool phrases lengthen the draft). None means "auto".
     draft: which of the engine's draft models drafts ("" the default one, or the name of a
@@ -165,6 +168,7 @@ class GenerationConfig:
     lookup_substitutions: bool = True
     lookup_resync: bool = True
     lookup_loose_substitutions: bool = True
+    lookup_fences: bool = True
     tree_nodes: int = 8
     tree_depth: int = 6
     tree_branching: int = 4
@@ -229,6 +233,7 @@ class GenerationConfig:
         p.lookup.substitutions = bool(self.lookup_substitutions)
         p.lookup.resync = bool(self.lookup_resync)
         p.lookup.loose_substitutions = bool(self.lookup_loose_substitutions)
+        p.lookup.fences = bool(self.lookup_fences)
         p.tree.n_nodes = int(self.tree_nodes)
         p.tree.depth = int(self.tree_depth)
         p.tree.branching = int(self.tree_branching)

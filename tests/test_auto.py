@@ -319,6 +319,8 @@ def test_kind_names() -> None:
     assert _core.kind_name(_core.kind_lookup_boundary(30)) == "lookup-boundary m25"
     assert _core.kind_name(_core.kind_lookup_substituted()) == "lookup-substituted"
     assert _core.kind_name(_core.kind_lookup_substituted_loose()) == "lookup-substituted-loose"
+    assert _core.kind_name(_core.kind_lookup_fence()) == "lookup-fence"
+    assert _core.kind_name(_core.kind_lookup_answer_start()) == "lookup-answer-start"
     assert _core.kind_name(0) == "unknown" and _core.kind_name(300) == "unknown"
 
 
@@ -516,6 +518,43 @@ def test_replay_resumes_a_copy_after_an_inserted_stretch() -> None:
     assert pyspec.GenerationConfig().to_core().lookup.loose_substitutions is True
 
 
+def test_replay_an_answer_that_writes_the_given_code_block_out() -> None:
+    # Each prompt holds a code block (fence 80, tag 60 at the left margin, newline 50, 40 tokens
+    # of code, closing fence 80 and newline 50) after a fence quoted in prose (80 70), and each
+    # answer writes the block out again. With the fence tokens, before the answer's first token
+    # the block is proposed from its opening fence (kind lookup-answer-start), and once the
+    # statistics have seen it hold, the first step drafts the fence and its tag and the second
+    # (a fence copy) the rest; without them the first step decodes plainly (the sequence's last
+    # token occurs nowhere before) and the copy starts on short keys.
+    requests = []
+    for r in range(8):
+        code = list(range(1000 + 100 * r, 1040 + 100 * r))
+        requests.append(([5, 6, 80, 70, 8, 9, 80, 60, 50, *code, 80, 50, 7], [80, 60, 50, *code, 80, 50]))
+
+    def replay(fences: bool) -> list[tuple[list[int], list[int], list[str]]]:
+        params = pyspec.GenerationConfig(method="auto").to_core()
+        params.pool.enabled = False
+        params.scheduler.adapt_costs = False
+        params.lookup.unit_start_tokens = [60]
+        params.lookup.fence_tokens = [80] if fences else []
+        out = _core.replay_auto(requests, CPU_CURVE._core(), params.lookup, params.pool, params.scheduler)
+        for (_, answer), (_, accepted, _) in zip(requests, out):
+            assert sum(a + 1 for a in accepted) == len(answer)
+        return [(list(sizes), list(accepted), [_core.kind_name(k) for k in kinds]) for sizes, accepted, kinds in out]
+
+    with_fences, without = replay(True), replay(False)
+    for sizes, accepted, kinds in with_fences[4:]:
+        # The fence and its tag drafted before the first token, then the rest of the block as a
+        # fence copy: 45 tokens in two steps.
+        assert kinds[0] == "lookup-answer-start" and accepted[0] == sizes[0] - 1 >= 2, (sizes, accepted, kinds)
+        assert kinds[1] == "lookup-fence" and len(sizes) == 2, (sizes, accepted, kinds)
+    for sizes, accepted, kinds in without:
+        assert sizes[0] == 1 and len(sizes) >= 4 and "lookup-answer-start" not in kinds, (sizes, accepted, kinds)
+    # The switch reaches the lookup parameters; on by default.
+    assert pyspec.GenerationConfig(lookup_fences=False).to_core().lookup.fences is False
+    assert pyspec.GenerationConfig().to_core().lookup.fences is True
+
+
 def test_unit_end_tokens_of_a_vocabulary(engine: pyspec.Engine) -> None:
     # What the engine gives the copies (LookupParams), against each token's piece read here.
     blank_line, unit_start = engine._core.layout_tokens()
@@ -524,6 +563,7 @@ def test_unit_end_tokens_of_a_vocabulary(engine: pyspec.Engine) -> None:
     assert list(blank_line) == sorted(t for t, p in pieces.items() if b"\n\n" in p)
     assert list(unit_start) == sorted(t for t, p in pieces.items() if p and p[:1] not in b" \t\n\r")
     assert len(unit_start) > 100  # the tiny vocabulary has no blank-line token: the rule for it is above
+    assert list(engine._core.fence_tokens()) == sorted(t for t, p in pieces.items() if p.startswith(b"```"))
     # The switch that turns them off for a request reaches the lookup parameters.
     assert pyspec.GenerationConfig(lookup_unit_ends=False).to_core().lookup.unit_ends is False
     assert pyspec.GenerationConfig().to_core().lookup.unit_ends is True

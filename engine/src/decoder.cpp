@@ -229,6 +229,7 @@ Engine::Engine(const std::string& target_path, const std::string& draft_path, co
     target_ = std::make_shared<Model>(target_path, draft_params_);
     control_tokens_ = target_->control_tokens();
     target_->layout_tokens(&blank_line_tokens_, &unit_start_tokens_);
+    fence_tokens_ = target_->fence_tokens();
     if (!draft_path.empty()) swap_draft(load_draft(draft_path), "");
     PhrasePoolParams pool_params = params.pool;
     pool_params.n_vocab = target_->n_vocab();
@@ -621,13 +622,13 @@ std::unique_ptr<Drafter> Engine::make_drafter(const GenerateParams& params) {
     }
     if (method.needs_cost_curves && params.scheduler.use_corpus) resources.corpus = ngram_.get();
     // Copies stop at the target's control tokens (LookupParams::stop_tokens) and know where the
-    // source's top-level units end (blank_line_tokens, unit_start_tokens).
+    // source's top-level units end (blank_line_tokens, unit_start_tokens) and its code blocks
+    // open (fence_tokens).
     GenerateParams with_stops = params;
     with_stops.lookup.stop_tokens = control_tokens_;
-    if (params.lookup.unit_ends) {
-        with_stops.lookup.blank_line_tokens = blank_line_tokens_;
-        with_stops.lookup.unit_start_tokens = unit_start_tokens_;
-    }
+    if (params.lookup.unit_ends) with_stops.lookup.blank_line_tokens = blank_line_tokens_;
+    if (params.lookup.unit_ends || params.lookup.fences) with_stops.lookup.unit_start_tokens = unit_start_tokens_;
+    if (params.lookup.fences) with_stops.lookup.fence_tokens = fence_tokens_;
     return method.make(with_stops, resources);
 }
 

@@ -58,7 +58,8 @@ public:
           previous_(size_t(params.ngram_max - params.ngram_min + 1)) {
         // The engine hands them sorted (most of a vocabulary starts at the left margin): sorted
         // once per request only when they are not.
-        for (auto* tokens : {&params_.stop_tokens, &params_.blank_line_tokens, &params_.unit_start_tokens}) {
+        for (auto* tokens : {&params_.stop_tokens, &params_.blank_line_tokens, &params_.unit_start_tokens,
+                             &params_.fence_tokens}) {
             if (!std::is_sorted(tokens->begin(), tokens->end())) std::sort(tokens->begin(), tokens->end());
         }
     }
@@ -85,7 +86,10 @@ public:
         Match match;
         int32_t n_matched = copy.run;
         bool resynced = false;
-        if (!resumed) {
+        const int32_t answer_start = resumed ? -1 : opening_fence_in_prompt();
+        if (answer_start >= 0) {
+            copy = {answer_start, -1, 0, 0};
+        } else if (!resumed) {
             match = find_continuation();
             n_matched = match.start >= 0 ? matched_length(match) : 0;
             // Shortly after a long copy broke, a short match elsewhere is a worse guess than the
@@ -143,8 +147,13 @@ public:
             node_next_.push_back(copy);
         }
         // Node i continues a match of match.n + i tokens (spec/schedule.h, node kinds), except
-        // the last one before a stop token; a short match inside the output is its own kind.
-        const bool short_output_match = !resumed && !resynced && start > n_prompt_ && n_matched < kLongOutputMatch;
+        // the last one before a stop token; a short match inside the output, the answer-start
+        // proposal's first nodes and the first nodes after a short key holding an opening fence
+        // (LookupParams::fence_tokens) are kinds of their own.
+        const bool short_output_match =
+            !resumed && !resynced && answer_start < 0 && start > n_prompt_ && n_matched < kLongOutputMatch;
+        const bool fenced = !resumed && !resynced && !short_output_match && n_matched < kFenceMaxMatch &&
+                            key_opens_block(n_matched);
         out.kinds.resize(out.tokens.size());
         size_t first_substituted = out.tokens.size();
         for (size_t i = 0; i < out.tokens.size(); ++i) {
@@ -154,6 +163,10 @@ public:
                 first_substituted = std::min(first_substituted, i);
             } else if (resynced) {
                 out.kinds[i] = kind_lookup_resync();
+            } else if (answer_start >= 0) {
+                out.kinds[i] = int32_t(i) < kAnswerStartDepth ? kind_lookup_answer_start() : kind_lookup(n_run);
+            } else if (fenced && int32_t(i) < kFenceDepth) {
+                out.kinds[i] = kind_lookup_fence();
             } else {
                 out.kinds[i] = short_output_match ? kind_lookup_output(n_matched)
                                : ends_unit(out, i)  ? kind_lookup_boundary(n_run)
@@ -161,7 +174,7 @@ public:
             }
         }
         // A resumed or resynced copy has no key of its own to compare with other occurrences.
-        if (!resumed && !resynced) mark_contested(match, out, first_substituted);
+        if (!resumed && !resynced && answer_start < 0) mark_contested(match, out, first_substituted);
         if (stopped && !out.kinds.empty()) out.kinds.back() = kind_lookup_end();
         stats_.n_proposed += int64_t(out.tokens.size());
         // A resync the output does not follow is no break of its own (the break it guesses the end
@@ -179,6 +192,7 @@ public:
 private:
     void reset() {
         tokens_.clear();
+        fences_.clear();
         n_indexed_ = 0;
         for (auto& by_hash : index_) by_hash.clear();
         for (auto& prev : previous_) prev.clear();
@@ -193,6 +207,9 @@ private:
     // begin() was skipped, and the index is rebuilt.
     void extend(const std::vector<int32_t>& committed) {
         if (committed.size() < tokens_.size()) reset();
+        for (size_t i = tokens_.size(); i < committed.size(); ++i) {
+            if (contains(params_.fence_tokens, committed[i])) fences_.push_back(int32_t(i));
+        }
         tokens_.insert(tokens_.end(), committed.begin() + std::ptrdiff_t(tokens_.size()), committed.end());
         for (; n_indexed_ + 1 < int32_t(tokens_.size()); ++n_indexed_) index_ngrams_ending_at(n_indexed_);
     }
@@ -263,6 +280,30 @@ private:
             next = out.tokens[i + 1];
         }
         return next >= 0 && contains(params_.unit_start_tokens, next);
+    }
+
+    // Whether the fence token at position p opens a code block: its next token, at the left
+    // margin, is a language tag (```python), where a closing fence or one quoted in prose
+    // (```\n, ``` code) goes on with whitespace.
+    bool opens_block(int32_t p) const {
+        return p + 1 < int32_t(tokens_.size()) && contains(params_.unit_start_tokens, tokens_[size_t(p) + 1]);
+    }
+
+    // Before the output's first token: the prompt's last fence that opens a code block, where an
+    // answer that writes the given code out again starts; -1 when there is none or the output
+    // has begun.
+    int32_t opening_fence_in_prompt() const {
+        if (int32_t(tokens_.size()) != n_prompt_) return -1;
+        const auto it = std::find_if(fences_.rbegin(), fences_.rend(), [&](int32_t p) { return opens_block(p); });
+        return it == fences_.rend() ? -1 : *it;
+    }
+
+    // Whether the sequence's last n tokens (a match's key) hold a fence that opens a code block,
+    // its tag and at least one token more.
+    bool key_opens_block(int32_t n) const {
+        const int32_t n_tokens = int32_t(tokens_.size());
+        const auto first = std::lower_bound(fences_.begin(), fences_.end(), n_tokens - n);
+        return std::any_of(first, fences_.end(), [&](int32_t p) { return p + 2 < n_tokens && opens_block(p); });
     }
 
     // How many tokens before the continuation agree with the end of the sequence: the n-gram the
@@ -534,6 +575,7 @@ private:
 
     LookupParams params_;
     std::vector<int32_t> tokens_;  // [n_tokens] the committed sequence seen so far
+    std::vector<int32_t> fences_;  // positions in tokens_ of its fence tokens, increasing
     int32_t n_prompt_ = 0;         // tokens_[0, n_prompt_) is the request's prompt
     int32_t n_indexed_ = 0;        // n-grams ending at positions < n_indexed_ are in the index
     int32_t last_pickup_ = -1;     // output position of the last copy learn_from_pickup looked at

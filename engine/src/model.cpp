@@ -426,6 +426,15 @@ void Model::layout_tokens(std::vector<int32_t>* blank_line, std::vector<int32_t>
     }
 }
 
+std::vector<int32_t> Model::fence_tokens() const {
+    std::vector<int32_t> out;
+    for (int32_t t = 0; t < n_vocab_; ++t) {
+        if (llama_vocab_is_control(vocab_, t) || llama_vocab_is_eog(vocab_, t)) continue;
+        if (token_to_piece(t, false).rfind("```", 0) == 0) out.push_back(t);
+    }
+    return out;
+}
+
 std::string Model::token_text(int32_t token) const {
     check_token(token);
     const char* text = llama_vocab_get_text(vocab_, token);

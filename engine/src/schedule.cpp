@@ -112,6 +112,13 @@ static_assert(kLookupResync < kNumKinds, "node kinds must fit kNumKinds");
 constexpr int32_t kLookupSubstitutedLoose = kLookupResync + 1;
 constexpr double kSubstitutedLoosePrior = 0.5;
 static_assert(kLookupSubstitutedLoose < kNumKinds, "node kinds must fit kNumKinds");
+// Fence nodes (kind_lookup_fence): an even prior at every depth; the statistics decide.
+constexpr int32_t kLookupFence = kLookupSubstitutedLoose + 1;
+constexpr double kFencePrior = 0.9;
+static_assert(kLookupFence < kNumKinds, "node kinds must fit kNumKinds");
+constexpr int32_t kLookupAnswerStart = kLookupFence + 1;
+constexpr double kAnswerStartPrior = 0.5;
+static_assert(kLookupAnswerStart < kNumKinds, "node kinds must fit kNumKinds");
 static_assert(kHead < kNumKinds, "node kinds must fit kNumKinds");
 
 bool is_corpus_kind(int32_t kind) { return kind >= kFirstCorpus && kind < kFirstCorpus + kCorpusKinds; }
@@ -134,6 +141,8 @@ double prior_mean(int32_t kind) {
     if (kind == kLookupSubstituted) return kSubstitutedPrior;
     if (kind == kLookupResync) return kResyncPrior;
     if (kind == kLookupSubstitutedLoose) return kSubstitutedLoosePrior;
+    if (kind == kLookupFence) return kFencePrior;
+    if (kind == kLookupAnswerStart) return kAnswerStartPrior;
     if (kind >= kFirstLookup && kind < kFirstPool && kBucketStart[kind - kFirstLookup] >= kLongCopy) {
         const double m = kBucketStart[kind - kFirstLookup];
         return std::min(kLongCopyPriorMax, m * m / (m * m + 4.0));
@@ -176,6 +185,8 @@ uint8_t kind_lookup_boundary(int32_t match_len) { return uint8_t(kFirstBoundary 
 uint8_t kind_lookup_substituted() { return uint8_t(kLookupSubstituted); }
 uint8_t kind_lookup_resync() { return uint8_t(kLookupResync); }
 uint8_t kind_lookup_substituted_loose() { return uint8_t(kLookupSubstitutedLoose); }
+uint8_t kind_lookup_fence() { return uint8_t(kLookupFence); }
+uint8_t kind_lookup_answer_start() { return uint8_t(kLookupAnswerStart); }
 uint8_t kind_corpus(double confidence) {
     int32_t b = 0;
     while (b + 1 < kCorpusKinds && kCorpusBucketStart[b + 1] <= confidence) ++b;
@@ -195,6 +206,8 @@ std::string kind_name(uint8_t kind) {
     if (kind == kLookupSubstituted) return "lookup-substituted";
     if (kind == kLookupResync) return "lookup-resync";
     if (kind == kLookupSubstitutedLoose) return "lookup-substituted-loose";
+    if (kind == kLookupFence) return "lookup-fence";
+    if (kind == kLookupAnswerStart) return "lookup-answer-start";
     if (is_corpus_kind(kind)) {
         char buf[32];
         std::snprintf(buf, sizeof(buf), "corpus c%.2g", kCorpusBucketStart[kind - kFirstCorpus]);
@@ -204,7 +217,8 @@ std::string kind_name(uint8_t kind) {
 }
 bool kind_has_depth(uint8_t kind) {
     return kind < kFirstLookup || is_model_kind(kind) || is_lookup_output_kind(kind) || kind == kHead ||
-           kind == kLookupResync;
+           kind == kLookupResync || kind == kLookupFence ||
+           kind == kLookupAnswerStart;
 }
 
 AcceptanceStats::AcceptanceStats() { clear(); }

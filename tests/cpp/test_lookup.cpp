@@ -503,6 +503,76 @@ void test_substitutions_off() {
     CHECK(!out.tokens.empty() && out.tokens[0] == 100 && out.kinds[0] == spec::kind_lookup(8));
 }
 
+void test_code_fences() {
+    // 80 stands for a fence token (```), 60 for a language tag at the left margin (python), 50 for
+    // a newline, 70 for an indented token. The prompt mentions a fence in its prose (80 70), then
+    // opens a code block (80 60 50) holding 1 2 3 4, and closes it (80 50).
+    spec::LookupParams params;
+    params.ngram_max = 4;
+    params.fence_tokens = {80};
+    params.unit_start_tokens = {61, 60, 1};  // any order
+    const Tokens prompt = {5, 80, 70, 6, 80, 60, 50, 1, 2, 3, 4, 80, 50, 7};
+    auto drafter = spec::make_prompt_lookup_drafter(params);
+    drafter->begin(prompt);
+    // Before the answer's first token: the code block from its opening fence, the first
+    // kAnswerStartDepth nodes of their own kind, then copy kinds by how far the copy has run.
+    spec::Draft out = draft_with_kinds(*drafter, prompt, 9);
+    CHECK((out.tokens == Tokens{80, 60, 50, 1, 2, 3, 4, 80, 50}));
+    CHECK(out.kinds.size() == 9);
+    for (int32_t i = 0; i < 9; ++i) {
+        CHECK(out.kinds[size_t(i)] == (i < spec::kAnswerStartDepth ? spec::kind_lookup_answer_start() : spec::kind_lookup(i)));
+    }
+    // With two code blocks, the last one (in a conversation, the latest message's).
+    const Tokens two_blocks = {80, 61, 50, 8, 80, 50, 80, 60, 50, 1, 2};
+    auto second = spec::make_prompt_lookup_drafter(params);
+    second->begin(two_blocks);
+    CHECK((draft_with_kinds(*second, two_blocks, 4).tokens == Tokens{80, 60, 50, 1}));
+    // Once the answer has begun, copies are found by their keys again: after 80 the most recent
+    // occurrence of 80 (the closing fence), with no fence kind (the key's fence is not followed
+    // by its tag yet); the key's other occurrences went on with 70 and 60: contested.
+    Tokens committed = prompt;
+    committed.push_back(80);
+    out = draft_with_kinds(*drafter, committed, 2);
+    CHECK((out.tokens == Tokens{50, 7}) && out.kinds[0] == spec::kind_lookup_contested() &&
+          out.kinds[1] == spec::kind_lookup(2));
+    // The fence and its tag alone: the newline after the tag is still to come, no fence kind.
+    committed.push_back(60);
+    out = draft_with_kinds(*drafter, committed, 2);
+    CHECK((out.tokens == Tokens{50, 1}) && out.kinds[0] == spec::kind_lookup(2) && out.kinds[1] == spec::kind_lookup(3));
+    committed.pop_back();
+    // A key that holds the opening fence, its tag and the newline: the first kFenceDepth nodes of the copy are
+    // fence nodes, the rest copy kinds by the effective match length.
+    committed.insert(committed.end(), {60, 50});
+    out = draft_with_kinds(*drafter, committed, spec::kFenceDepth + 2);
+    CHECK(out.tokens.size() == size_t(spec::kFenceDepth + 2));
+    CHECK((Tokens(out.tokens.begin(), out.tokens.begin() + 4) == Tokens{1, 2, 3, 4}));
+    for (int32_t i = 0; i < spec::kFenceDepth + 2; ++i) {
+        CHECK(out.kinds[size_t(i)] == (i < spec::kFenceDepth ? spec::kind_lookup_fence() : spec::kind_lookup(3 + i)));
+    }
+    // A fence followed by an indented token (the prose's 80 70, a closing 80 50) opens no block:
+    // a key holding only such a fence keeps the copy kinds, and a prompt with no opening fence
+    // gives no proposal before the answer starts.
+    const Tokens no_block = {5, 80, 70, 6, 7, 80, 70};
+    drafter->begin(no_block);
+    out = draft_with_kinds(*drafter, no_block, 2);
+    CHECK((out.tokens == Tokens{6, 7}) && out.kinds[0] == spec::kind_lookup(2) && out.kinds[1] == spec::kind_lookup(3));
+    // A key as long as kFenceMaxMatch: its own length tells, no fence kind.
+    const Tokens long_key = {9, 10, 11, 12, 13, 80, 60, 50, 1, 2, 0, 9, 10, 11, 12, 13, 80, 60, 50};
+    drafter->begin(Tokens(long_key.begin(), long_key.begin() + 11));
+    out = draft_with_kinds(*drafter, long_key, 2);
+    CHECK((out.tokens == Tokens{1, 2}) && out.kinds[0] == spec::kind_lookup(8) && out.kinds[1] == spec::kind_lookup(9));
+    // Without fence tokens (their default, or LookupParams::fences off in the engine) neither.
+    auto plain = make_drafter(4, 1);
+    plain->begin(prompt);
+    CHECK(draft_with_kinds(*plain, prompt, 4).tokens.empty() ||
+          draft_with_kinds(*plain, prompt, 4).kinds[0] != spec::kind_lookup_answer_start());
+    committed = prompt;
+    committed.insert(committed.end(), {80, 60, 50});
+    plain->begin(prompt);
+    out = draft_with_kinds(*plain, committed, 3);
+    CHECK((out.tokens == Tokens{1, 2, 3}) && out.kinds[0] == spec::kind_lookup(3));
+}
+
 void test_validation() {
     CHECK(throws_invalid([] { make_drafter(3, 0); }, "ngram_min=0"));
     CHECK(throws_invalid([] { make_drafter(2, 3); }, "1 <= ngram_min <= ngram_max <= 16"));
@@ -534,6 +604,7 @@ int main() {
     test_a_substitution_is_learnt_before_it_settles();
     test_a_replacement_before_the_first_copy_is_learnt();
     test_substitutions_off();
+    test_code_fences();
     test_validation();
     std::printf("%d checks, %d failed\n", g_checks, g_failures);
     return g_failures == 0 ? 0 : 1;

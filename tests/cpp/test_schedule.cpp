@@ -296,6 +296,27 @@ void test_substituted_kind() {
     CHECK_NEAR(s.estimate(loose, 3), 0.5, 1e-12);
 }
 
+void test_fence_kinds() {
+    // Two kinds apart from every other, each keyed by depth; priors 0.9 (a fence copy) and 0.5.
+    const uint8_t fence = kind_lookup_fence(), start = kind_lookup_answer_start();
+    CHECK(fence < kNumKinds && start < kNumKinds && fence != start);
+    for (const uint8_t other : {kind_lookup(17), kind_pool(17), kind_lookup_output(17), kind_lookup_end(),
+                                kind_lookup_contested(), kind_head(), kind_corpus(0.99), kind_lookup_boundary(1),
+                                kind_lookup_boundary(200), kind_lookup_substituted(), kind_lookup_resync(),
+                                kind_lookup_substituted_loose()}) {
+        CHECK(fence != other && start != other);
+    }
+    CHECK(kind_has_depth(fence) && kind_has_depth(start) && !is_model_kind(fence) && !is_model_kind(start));
+    CHECK(kind_name(fence) == "lookup-fence" && kind_name(start) == "lookup-answer-start");
+    AcceptanceStats s;
+    CHECK_NEAR(s.estimate(fence, 0), 0.9, 1e-12);
+    CHECK_NEAR(s.estimate(start, 5), 0.5, 1e-12);
+    s.record(start, 2, true);  // depth 2's cell alone
+    CHECK_NEAR(s.estimate(start, 2), (1 + 2 * 0.5) / 3.0, 1e-12);
+    CHECK_NEAR(s.estimate(start, 1), 0.5, 1e-12);
+    CHECK_NEAR(s.estimate(fence, 2), 0.9, 1e-12);
+}
+
 void test_plan_draft_hand_computed() {
     // A chain of three unknown-kind nodes (estimate 0.5 each): P = 0.5, 0.25, 0.125.
     // Cost: 100 ms + 20 ms per extra token. Rates: none 1/100, one node 1.5/120 = 0.0125,
@@ -449,6 +470,7 @@ int main() {
     test_proposal_scorer();
     test_boundary_kinds();
     test_substituted_kind();
+    test_fence_kinds();
     test_contested_kind();
     test_plan_draft_hand_computed();
     test_plan_draft_siblings_share_mass();

@@ -154,10 +154,24 @@ struct LookupParams {
     // margin (text not starting with whitespace): a node of the first kind that the copied text
     // follows with one of the second ends a top-level unit of the source, and gets the kind
     // kind_lookup_boundary (spec/schedule.h). The engine fills both from the target's vocabulary
-    // (Model::layout_tokens) when unit_ends is set; empty: no boundary kinds.
+    // (Model::layout_tokens), the first when unit_ends is set, the second when unit_ends or
+    // fences is (fence_tokens); blank_line_tokens empty: no boundary kinds.
     std::vector<int32_t> blank_line_tokens;
     std::vector<int32_t> unit_start_tokens;
     bool unit_ends = true;
+    // Tokens that start with a code fence (their text begins with "```"). One followed by a token
+    // at the left margin (unit_start_tokens: a language tag, ```python) opens a code block. Before
+    // the output's first token, the prompt's last such block is proposed from its fence on (an
+    // answer that writes the given code out again starts with it), its first kAnswerStartDepth
+    // nodes of kind kind_lookup_answer_start. A copy of the prompt whose key, shorter than
+    // kFenceMaxMatch tokens, holds an opening fence, its tag and at least one token more (the
+    // output opened a code block where the prompt has one, and the newline after the tag, which
+    // answers do not always copy, is behind) gets kind_lookup_fence for its first kFenceDepth
+    // nodes: its key is too short for its match length to tell, and the statistics learn whether
+    // this stream's answers write the given code out again. The engine fills them from the
+    // target's vocabulary (Model::fence_tokens) when fences is set; empty: neither.
+    std::vector<int32_t> fence_tokens;
+    bool fences = true;
     // Learn the request's substitutions: where a long copy (kSubstitutionMinMatch tokens or more)
     // breaks and the output, after at most kSubstitutionMaxNew tokens of its own, goes on copying
     // the source at most kSubstitutionMaxOld tokens further, the skipped source tokens and the
@@ -183,6 +197,9 @@ struct LookupParams {
     // unless the output already kept that stretch after this token.
     bool loose_substitutions = true;
 };
+constexpr int32_t kFenceMaxMatch = 8;
+constexpr int32_t kFenceDepth = 7;
+constexpr int32_t kAnswerStartDepth = 4;
 constexpr int32_t kSubstitutionMinMatch = 8;
 constexpr int32_t kSubstitutionMaxOld = 8;
 constexpr int32_t kSubstitutionMaxNew = 8;
