@@ -27,7 +27,9 @@ drafter of copies could take (an oracle): how far a goal against llama.cpp's n-g
 within reach of copying, and how much of that `auto` takes (docs/results-speed.md, "How far
 copying can go on the Zen 4"). `--trace PROMPT_ID` prints that prompt's output position by
 position with the optimum's steps beside `auto`'s: where `auto` starts a copy later than the
-oracle, or drafts into a break. `--prior-curve` plans from another curve than the calibration.
+oracle, or drafts into a break. `--regret` sums, over a suite, the modelled time `auto` spends
+beyond the copy optimum by where in the answer each of its steps starts (how much of the gap is
+the answers' first tokens). `--prior-curve` plans from another curve than the calibration.
 
 What `auto` learns carries from one request to the next, so a change to it moves every later
 step, and the order of the requests alone shifts a suite's modelled figure by a few percent: a
@@ -167,6 +169,21 @@ def copy_optimum_steps(prompt: list[int], output: list[int], curve: Any, max_dep
     n = len(output)
     if lengths is None:
         lengths = copyable_lengths(prompt, output, max_depth)
+    time, choice, padded = optimum_time_to_go(lengths, curve, max_depth)
+    steps, c = [], 0
+    while c < n:
+        steps.append((c, choice[c], padded[1 + choice[c]][1]))
+        c += 1 + choice[c]
+    return time[0], steps
+
+
+def optimum_time_to_go(lengths: list[int], curve: Any, max_depth: int = OPTIMUM_MAX_DEPTH
+                       ) -> tuple[list[float], list[int], dict[int, tuple[float, int]]]:
+    """The copy optimum's dynamic programme (copy_optimum_steps) over an output of len(lengths)
+    tokens: time[c], the least modelled time from c committed tokens to the end (time[n] = 0);
+    choice[c], the tokens its step drafts there; padded[k], the cheapest step of at least k tokens
+    (time, size)."""
+    n = len(lengths)
     padded: dict[int, tuple[float, int]] = {}  # step size -> the cheapest step of at least that many tokens
     best = (float("inf"), 0)
     for k in range(max_depth + 1, 0, -1):
@@ -177,11 +194,25 @@ def copy_optimum_steps(prompt: list[int], output: list[int], curve: Any, max_dep
     for c in range(n - 1, -1, -1):
         time[c], choice[c] = min((padded[1 + d][0] + time[c + 1 + d], d)
                                  for d in range(0, min(lengths[c], n - c - 1) + 1))
-    steps, c = [], 0
-    while c < n:
-        steps.append((c, choice[c], padded[1 + choice[c]][1]))
-        c += 1 + choice[c]
-    return time[0], steps
+    return time, choice, padded
+
+
+REGRET_SPANS = ((0, 1), (1, 3), (3, 9), (9, 17), (17, 1 << 30))  # where a step starts: the answer's first tokens
+
+
+def regret_by_start(lengths: list[int], sizes: list[int], accepted: list[int], curve: Any) -> list[float]:
+    """Modelled ms `auto` spends beyond the copy optimum, per span of REGRET_SPANS by where its
+    steps start: a step from c to c' costing t loses t + time[c'] - time[c] against the optimum
+    from c (optimum_time_to_go), so the spans add up to auto's time minus the optimum's."""
+    time, _, _ = optimum_time_to_go(lengths, curve)
+    out = [0.0] * len(REGRET_SPANS)
+    c = 0
+    for size, acc in zip(sizes, accepted):
+        after = c + 1 + acc
+        span = next(i for i, (lo, hi) in enumerate(REGRET_SPANS) if lo <= c < hi)
+        out[span] += curve.at(size) + time[after] - time[c]
+        c = after
+    return out
 
 
 def trace_lines(output: list[int], pieces: list[str], lengths: list[int], auto_steps: list[tuple[int, int, str]],
@@ -295,6 +326,9 @@ def main() -> int:
                          "an oracle over copies of the context, cost-optimal steps) and of llama.cpp's "
                          "ngram-simple mode (ngram_simple_steps), and auto and the optimum over ngram-simple "
                          "per prompt: whether a goal against llama.cpp's n-gram modes is within reach of copying")
+    ap.add_argument("--regret", action="store_true",
+                    help="also the modelled time auto spends beyond the copy optimum, by where in the answer "
+                         "its steps start (the first token, 2-3, 4-9, 10-17, later): where copying still loses")
     ap.add_argument("--by-kind", action="store_true",
                     help="per kind of the drafted first node (prompt lookup, pool, ... by match length): steps, "
                          "tokens drafted and accepted, and the modelled time those steps gained and lost against "
@@ -367,9 +401,11 @@ def main() -> int:
                          "drafted": sum(sizes) - len(sizes), "accepted": sum(accepted)})
             if args.copy_bound:
                 rows[-1]["bound"] = n / model_cost(actual, copy_bound_sizes(prompts[pid], output, actual)) * 1e3
-            if args.copy_optimum or args.trace == pid:
+            if args.copy_optimum or args.regret or args.trace == pid:
                 lengths = copyable_lengths(prompts[pid], output, OPTIMUM_MAX_DEPTH)
                 optimum_ms, optimum_steps = copy_optimum_steps(prompts[pid], output, actual, lengths=lengths)
+            if args.regret:
+                rows[-1]["regret"] = regret_by_start(lengths, list(sizes), list(accepted), actual)
             if args.trace == pid:
                 pieces = [engine.detokenize_bytes([t]).decode("utf-8", "replace") for t in output]
                 named = [(size, acc, _core.kind_name(kind)) for size, acc, kind in zip(sizes, accepted, kinds)]
@@ -404,6 +440,12 @@ def main() -> int:
                 same = sum(1 for modelled, counted in checked if modelled == counted)
                 print(f"  ngram-simple's modelled draft tokens equal llama-speculative-simple's own count on "
                       f"{same} of {len(checked)} prompts")
+        if args.regret:
+            spans = [sum(r["regret"][i] for r in rows) / 1e3 for i in range(len(REGRET_SPANS))]
+            total = sum(r["n"] / r["auto"] for r in rows)  # seconds
+            print(f"  beyond the copy optimum: {sum(spans):.2f} s of auto's {total:.2f} s; by where the step starts, "
+                  f"token 1: {spans[0]:.2f} s, 2-3: {spans[1]:.2f} s, 4-9: {spans[2]:.2f} s, 10-17: {spans[3]:.2f} s, "
+                  f"later: {spans[4]:.2f} s")
         if args.by_kind:
             total = sum(model_cost(actual, list(sizes)) for sizes, _, _ in replayed)
             print(f"  by first node kind (modelled auto time {total / 1e3:.1f} s; gained / lost: against decoding "

@@ -596,6 +596,27 @@ def test_copy_optimum_is_the_cheapest_split_of_the_copyable_stretches() -> None:
     assert module.copy_optimum_steps([5], [1, 5, 2], stepped) == (2.5, [(0, 0, 1), (1, 1, 4)])  # 5 padded to 4
 
 
+def test_regret_by_start_splits_autos_time_beyond_the_optimum() -> None:
+    """auto_replay.py --regret: each of auto's steps loses its time plus the optimum's time from
+    where it ends minus the optimum's from where it starts; per span of where steps start, summing
+    to auto's time minus the optimum's."""
+    module = _benchmark_script("auto_replay")
+    prompt = list(range(100, 120))
+    output = [7, 8, 9, *range(100, 110), 7, 8, 9]  # as in the optimum's test above
+    lengths = module.copyable_lengths(prompt, output, module.OPTIMUM_MAX_DEPTH)
+    plain = [1] * len(output), [0] * len(output)
+    # Free steps: plain decoding takes 16 where the optimum takes 5. The first three lose nothing
+    # (the optimum decodes those tokens plainly too), the others one each but two: the one that
+    # commits the copy's last token (the optimum's steps end there too) and the last.
+    free = _Curve(lambda k: 1.0)
+    assert module.regret_by_start(lengths, *plain, free) == [0.0, 0.0, 6.0, 5.0, 0.0]  # 16 - 5
+    # Steps that cost their tokens: plain decoding is optimal; a first step of 3 tokens that
+    # commits one loses the two it paid for.
+    linear = _Curve(lambda k: 2.0 * k)
+    assert module.regret_by_start(lengths, *plain, linear) == [0.0] * 5
+    assert module.regret_by_start(lengths, [3] + [1] * 15, [0] * 16, linear) == [4.0, 0.0, 0.0, 0.0, 0.0]
+
+
 def test_shuffled_totals_replay_the_requests_in_seeded_orders() -> None:
     """auto_replay.py --shuffles N: each order's total modelled speedup over plain decoding (all
     the requests' tokens at the one-token cost over the replayed steps' cost); the orders are the
