@@ -561,7 +561,7 @@ NB_MODULE(_core, m) {
             return std::make_pair(blank_line, unit_start);
         }, "(blank_line_tokens, unit_start_tokens) of the target's vocabulary (LookupParams).")
         .def("fence_tokens", [](spec::Engine& e) { return e.shared_target()->fence_tokens(); },
-             "The target's tokens whose text holds a code fence (LookupParams.fence_tokens).")
+             "The target's tokens whose text begins with a code fence (LookupParams.fence_tokens).")
         .def_prop_ro("n_vocab", [](spec::Engine& e) { return e.shared_target()->n_vocab(); })
         .def_prop_ro("n_ctx", [](spec::Engine& e) { return e.shared_target()->n_ctx(); })
         .def_prop_ro("n_repacked", [](spec::Engine& e) { return e.shared_target()->n_repacked(); })

@@ -818,7 +818,7 @@ class Engine:
     def control_tokens(self) -> list[int]: ...
 
     def fence_tokens(self) -> list[int]:
-        """The target's tokens whose text holds a code fence (LookupParams.fence_tokens)."""
+        """The target's tokens whose text begins with a code fence (LookupParams.fence_tokens)."""
 
     def layout_tokens(self) -> tuple[list[int], list[int]]:
         """

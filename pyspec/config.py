@@ -119,7 +119,7 @@ class GenerationConfig:
     with lookup_resync, until the output copies again, a short match gives way to the source
     where the broken copy left off when the output's last token is the source's token a few
     positions after the break; with lookup_fences, before the answer's first token the prompt's
-    first code block (from its fence, ```python) is proposed, and a copy whose short key holds
+    last closed code block (from its fence, ```python) is proposed, and a copy whose short key holds
     such a fence starts as a node kind of its own, so auto learns whether this stream's answers
     write the given code out again),
     "ouroboros" (draft model drafts n_draft tokens phrase by phrase, checking pool phrases in its

@@ -109,6 +109,23 @@ def test_draft_model_counts_need_the_same_draft(tiny_target: str, tmp_path: Path
         assert sum(loaded) == 15.0  # the model's cells and totals dropped
 
 
+def test_each_lookup_setting_learns_apart(tiny_target: str) -> None:
+    # Requests that turn one of the copy drafter's settings off give its node kinds other
+    # meanings (a unit end, a repeated replacement, a resumed copy, a renamed word met elsewhere,
+    # the start of a copied code block become plain copies): each learns under a key of its own,
+    # so that `pyspec bench`'s auto:no-... variants and auto do not share what they learn.
+    settings = {"lookup_unit_ends": "(no unit ends)", "lookup_substitutions": "(no substitutions)",
+                "lookup_resync": "(no resync)", "lookup_loose_substitutions": "(no loose substitutions)",
+                "lookup_fences": "(no fences)"}
+    with _engine(tiny_target) as engine:
+        engine.generate(PROMPT, max_tokens=8)
+        assert set(engine._core.acceptance_counts()) == {""}
+        for option, key in settings.items():
+            engine.generate(PROMPT, max_tokens=8, **{option: False})
+            assert "\n" + key in engine._core.acceptance_counts(), option
+        assert len(engine._core.acceptance_counts()) == 1 + len(settings)
+
+
 def _cli(*args: str, cache: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYSPEC_CACHE": str(cache)}
     return subprocess.run([sys.executable, "-c", "import sys; from pyspec.cli import main; sys.exit(main())", *args],

@@ -603,12 +603,17 @@ std::unique_ptr<Drafter> Engine::make_drafter(const GenerateParams& params) {
         }
         // Without unit ends (LookupParams::unit_ends) a unit end is an ordinary copy node, and
         // without substitutions a repeated replacement is a failing one, without resyncs a copy
-        // resumed after a break is a short match: the kinds mean other things, so requests that
-        // assign them each way learn apart.
+        // resumed after a break is a short match, without loose substitutions a renamed word met
+        // elsewhere is a failing copy, without fences the start of a copied code block is a short
+        // match: the kinds mean other things, so requests that assign them each way learn apart.
         std::string acceptance_key = params.draft;
         if (!params.lookup.unit_ends) acceptance_key += "\n(no unit ends)";
         if (!params.lookup.substitutions) acceptance_key += "\n(no substitutions)";
         if (params.lookup.substitutions && !params.lookup.resync) acceptance_key += "\n(no resync)";
+        if (params.lookup.substitutions && !params.lookup.loose_substitutions) {
+            acceptance_key += "\n(no loose substitutions)";
+        }
+        if (!params.lookup.fences) acceptance_key += "\n(no fences)";
         resources.acceptance = &acceptance_[acceptance_key];
     }
     if (method_uses_head(method, params, head_ != nullptr)) {

@@ -289,13 +289,24 @@ private:
         return p + 1 < int32_t(tokens_.size()) && contains(params_.unit_start_tokens, tokens_[size_t(p) + 1]);
     }
 
-    // Before the output's first token: the prompt's last fence that opens a code block, where an
-    // answer that writes the given code out again starts; -1 when there is none or the output
-    // has begun.
+    // Before the output's first token: the prompt's last fence that opens a code block the prompt
+    // also closes, where an answer that writes the given code out again starts; -1 when there is
+    // none or the output has begun. A block counts as closed when a later fence token or a stop
+    // token (the end of a chat message) follows it: a closing fence can be split across tokens
+    // ("``" "`\n\n"), and a prompt that ends inside an open block asks for its continuation, not
+    // for the block again.
     int32_t opening_fence_in_prompt() const {
         if (int32_t(tokens_.size()) != n_prompt_) return -1;
-        const auto it = std::find_if(fences_.rbegin(), fences_.rend(), [&](int32_t p) { return opens_block(p); });
-        return it == fences_.rend() ? -1 : *it;
+        int32_t last_stop = -1;
+        for (int32_t i = n_prompt_ - 1; i >= 0 && last_stop < 0; --i) {
+            if (contains(params_.stop_tokens, tokens_[size_t(i)])) last_stop = i;
+        }
+        for (size_t i = fences_.size(); i-- > 0;) {
+            const int32_t p = fences_[i];
+            const bool closed = i + 1 < fences_.size() || p < last_stop;
+            if (closed && opens_block(p)) return p;
+        }
+        return -1;
     }
 
     // Whether the sequence's last n tokens (a match's key) hold a fence that opens a code block,

@@ -112,7 +112,11 @@ static_assert(kLookupResync < kNumKinds, "node kinds must fit kNumKinds");
 constexpr int32_t kLookupSubstitutedLoose = kLookupResync + 1;
 constexpr double kSubstitutedLoosePrior = 0.5;
 static_assert(kLookupSubstitutedLoose < kNumKinds, "node kinds must fit kNumKinds");
-// Fence nodes (kind_lookup_fence): an even prior at every depth; the statistics decide.
+// Fence nodes (kind_lookup_fence): 0.9 at every depth, as an answer that opened a code block where
+// the prompt has one mostly writes the block out (HumanEval, edit); the statistics learn a stream
+// whose answers do not. Answer-start nodes (kind_lookup_answer_start): an even prior, as a first
+// step drafted with confidence is lost where an answer writes lines of its own first (imports).
+// Both chosen on the replays (docs/results-speed.md, "Code fences").
 constexpr int32_t kLookupFence = kLookupSubstitutedLoose + 1;
 constexpr double kFencePrior = 0.9;
 static_assert(kLookupFence < kNumKinds, "node kinds must fit kNumKinds");
@@ -217,8 +221,7 @@ std::string kind_name(uint8_t kind) {
 }
 bool kind_has_depth(uint8_t kind) {
     return kind < kFirstLookup || is_model_kind(kind) || is_lookup_output_kind(kind) || kind == kHead ||
-           kind == kLookupResync || kind == kLookupFence ||
-           kind == kLookupAnswerStart;
+           kind == kLookupResync || kind == kLookupFence || kind == kLookupAnswerStart;
 }
 
 AcceptanceStats::AcceptanceStats() { clear(); }

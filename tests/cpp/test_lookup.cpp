@@ -520,13 +520,28 @@ void test_code_fences() {
     CHECK((out.tokens == Tokens{80, 60, 50, 1, 2, 3, 4, 80, 50}));
     CHECK(out.kinds.size() == 9);
     for (int32_t i = 0; i < 9; ++i) {
-        CHECK(out.kinds[size_t(i)] == (i < spec::kAnswerStartDepth ? spec::kind_lookup_answer_start() : spec::kind_lookup(i)));
+        const uint8_t kind = i < spec::kAnswerStartDepth ? spec::kind_lookup_answer_start() : spec::kind_lookup(i);
+        CHECK(out.kinds[size_t(i)] == kind);
     }
     // With two code blocks, the last one (in a conversation, the latest message's).
-    const Tokens two_blocks = {80, 61, 50, 8, 80, 50, 80, 60, 50, 1, 2};
+    const Tokens two_blocks = {80, 61, 50, 8, 80, 50, 80, 60, 50, 1, 2, 80, 50};
     auto second = spec::make_prompt_lookup_drafter(params);
     second->begin(two_blocks);
     CHECK((draft_with_kinds(*second, two_blocks, 4).tokens == Tokens{80, 60, 50, 1}));
+    // A prompt that ends inside an open block (no fence after the opening one) asks for its
+    // continuation: no proposal before the answer starts. A stop token after the block (the end
+    // of a chat message, 90 here) closes it too: a closing fence can be split across tokens.
+    const Tokens open_block = {5, 80, 70, 6, 80, 60, 50, 1, 2};
+    second->begin(open_block);
+    CHECK(draft_with_kinds(*second, open_block, 4).tokens.empty());
+    spec::LookupParams with_stops = params;
+    with_stops.stop_tokens = {90};
+    const Tokens in_message = {5, 80, 60, 50, 1, 2, 3, 90, 6};
+    auto third = spec::make_prompt_lookup_drafter(with_stops);
+    third->begin(in_message);
+    CHECK((draft_with_kinds(*third, in_message, 4).tokens == Tokens{80, 60, 50, 1}));
+    third->begin(open_block);
+    CHECK(draft_with_kinds(*third, open_block, 4).tokens.empty());
     // Once the answer has begun, copies are found by their keys again: after 80 the most recent
     // occurrence of 80 (the closing fence), with no fence kind (the key's fence is not followed
     // by its tag yet); the key's other occurrences went on with 70 and 60: contested.
@@ -538,10 +553,11 @@ void test_code_fences() {
     // The fence and its tag alone: the newline after the tag is still to come, no fence kind.
     committed.push_back(60);
     out = draft_with_kinds(*drafter, committed, 2);
-    CHECK((out.tokens == Tokens{50, 1}) && out.kinds[0] == spec::kind_lookup(2) && out.kinds[1] == spec::kind_lookup(3));
+    CHECK((out.tokens == Tokens{50, 1}) && out.kinds[0] == spec::kind_lookup(2) &&
+          out.kinds[1] == spec::kind_lookup(3));
     committed.pop_back();
-    // A key that holds the opening fence, its tag and the newline: the first kFenceDepth nodes of the copy are
-    // fence nodes, the rest copy kinds by the effective match length.
+    // A key that holds the opening fence, its tag and the newline: the first kFenceDepth nodes of
+    // the copy are fence nodes, the rest copy kinds by the effective match length.
     committed.insert(committed.end(), {60, 50});
     out = draft_with_kinds(*drafter, committed, spec::kFenceDepth + 2);
     CHECK(out.tokens.size() == size_t(spec::kFenceDepth + 2));
@@ -561,11 +577,11 @@ void test_code_fences() {
     drafter->begin(Tokens(long_key.begin(), long_key.begin() + 11));
     out = draft_with_kinds(*drafter, long_key, 2);
     CHECK((out.tokens == Tokens{1, 2}) && out.kinds[0] == spec::kind_lookup(8) && out.kinds[1] == spec::kind_lookup(9));
-    // Without fence tokens (their default, or LookupParams::fences off in the engine) neither.
+    // Without fence tokens (their default, or LookupParams::fences off in the engine) neither: no
+    // proposal before the answer (its last token, 7, occurs nowhere before), copy kinds after.
     auto plain = make_drafter(4, 1);
     plain->begin(prompt);
-    CHECK(draft_with_kinds(*plain, prompt, 4).tokens.empty() ||
-          draft_with_kinds(*plain, prompt, 4).kinds[0] != spec::kind_lookup_answer_start());
+    CHECK(draft_with_kinds(*plain, prompt, 4).tokens.empty());
     committed = prompt;
     committed.insert(committed.end(), {80, 60, 50});
     plain->begin(prompt);

@@ -161,9 +161,10 @@ struct LookupParams {
     bool unit_ends = true;
     // Tokens that start with a code fence (their text begins with "```"). One followed by a token
     // at the left margin (unit_start_tokens: a language tag, ```python) opens a code block. Before
-    // the output's first token, the prompt's last such block is proposed from its fence on (an
-    // answer that writes the given code out again starts with it), its first kAnswerStartDepth
-    // nodes of kind kind_lookup_answer_start. A copy of the prompt whose key, shorter than
+    // the output's first token, the prompt's last such block that a later fence closes is
+    // proposed from its fence on (an answer that writes the given code out again starts with it;
+    // a prompt that ends inside an open block asks for its continuation), its first
+    // kAnswerStartDepth nodes of kind kind_lookup_answer_start. A copy of the prompt whose key, shorter than
     // kFenceMaxMatch tokens, holds an opening fence, its tag and at least one token more (the
     // output opened a code block where the prompt has one, and the newline after the tag, which
     // answers do not always copy, is behind) gets kind_lookup_fence for its first kFenceDepth

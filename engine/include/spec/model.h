@@ -93,7 +93,7 @@ public:
     // The tokens whose text holds a blank line ("\n\n") and those whose text starts with a
     // character other than whitespace (LookupParams::blank_line_tokens / unit_start_tokens),
     // each increasing; control tokens are in neither.
-    // Tokens whose text holds a code fence ("```"), sorted (LookupParams::fence_tokens).
+    // Tokens whose text begins with a code fence ("```"), sorted (LookupParams::fence_tokens).
     std::vector<int32_t> fence_tokens() const;
     void layout_tokens(std::vector<int32_t>* blank_line, std::vector<int32_t>* unit_start) const;
     std::string token_text(int32_t token) const;  // the vocabulary entry as stored in the GGUF

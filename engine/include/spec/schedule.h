@@ -114,17 +114,18 @@ uint8_t kind_lookup_resync();
 // copied stretch here (LookupParams::substitutions): a renamed identifier met again in another
 // context, where prose may keep the old word. One kind. 88.
 uint8_t kind_lookup_substituted_loose();
-// The first nodes of a prompt copy whose short key holds a code fence (LookupParams::fence_tokens):
-// the output opened a code block where the prompt has one, and may be writing the prompt's code
-// out again. One kind, keyed by depth; an even prior, the statistics decide. 89.
+// The first nodes of a prompt copy whose short key holds an opening code fence, its tag and a
+// token more (LookupParams::fence_tokens): the output opened a code block where the prompt has
+// one, and may be writing the prompt's code out again. One kind, keyed by depth; prior 0.9. 89.
 uint8_t kind_lookup_fence();
-// The first nodes of a copy of the prompt's first code block proposed before the answer's first
-// token (LookupParams::fence_tokens). One kind, keyed by depth; 90.
+// The first nodes of the prompt's last closed code block, proposed from its opening fence before the
+// answer's first token (LookupParams::fence_tokens). One kind, keyed by depth; prior 0.5. 90.
 uint8_t kind_lookup_answer_start();
 bool is_model_kind(uint8_t kind);
 // A readable name of a node kind for reports: "lookup m4" (prompt lookup, match bucket from 4),
 // "pool m2", "lookup-output m3", "lookup-end", "contested", "model p0.7" (decile from 0.7),
 // "head", "corpus c0.9" (confidence bucket from 0.9), "lookup-boundary m17", "lookup-substituted", "lookup-resync",
+// "lookup-substituted-loose", "lookup-fence", "lookup-answer-start",
 // "unknown".
 std::string kind_name(uint8_t kind);
 // Whether a node's acceptance is also keyed by its depth (draft-model and unknown nodes);
