@@ -228,8 +228,7 @@ Engine::Engine(const std::string& target_path, const std::string& draft_path, co
     draft_params_.n_seq_max = std::max(draft_params_.n_seq_max, tree_sequences(params.model));
     target_ = std::make_shared<Model>(target_path, draft_params_);
     control_tokens_ = target_->control_tokens();
-    target_->layout_tokens(&blank_line_tokens_, &unit_start_tokens_);
-    fence_tokens_ = target_->fence_tokens();
+    target_->layout_tokens(&blank_line_tokens_, &unit_start_tokens_, &fence_tokens_);
     if (!draft_path.empty()) swap_draft(load_draft(draft_path), "");
     PhrasePoolParams pool_params = params.pool;
     pool_params.n_vocab = target_->n_vocab();

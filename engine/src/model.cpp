@@ -413,9 +413,11 @@ std::vector<int32_t> Model::control_tokens() const {
     return out;
 }
 
-void Model::layout_tokens(std::vector<int32_t>* blank_line, std::vector<int32_t>* unit_start) const {
+void Model::layout_tokens(std::vector<int32_t>* blank_line, std::vector<int32_t>* unit_start,
+                          std::vector<int32_t>* fence) const {
     blank_line->clear();
     unit_start->clear();
+    if (fence) fence->clear();
     for (int32_t t = 0; t < n_vocab_; ++t) {
         if (llama_vocab_is_control(vocab_, t) || llama_vocab_is_eog(vocab_, t)) continue;
         const std::string piece = token_to_piece(t, false);
@@ -423,16 +425,8 @@ void Model::layout_tokens(std::vector<int32_t>* blank_line, std::vector<int32_t>
         if (piece.find("\n\n") != std::string::npos) blank_line->push_back(t);
         const char c = piece[0];
         if (c != ' ' && c != '\t' && c != '\n' && c != '\r') unit_start->push_back(t);
+        if (fence && piece.rfind("```", 0) == 0) fence->push_back(t);
     }
-}
-
-std::vector<int32_t> Model::fence_tokens() const {
-    std::vector<int32_t> out;
-    for (int32_t t = 0; t < n_vocab_; ++t) {
-        if (llama_vocab_is_control(vocab_, t) || llama_vocab_is_eog(vocab_, t)) continue;
-        if (token_to_piece(t, false).rfind("```", 0) == 0) out.push_back(t);
-    }
-    return out;
 }
 
 std::string Model::token_text(int32_t token) const {

@@ -307,8 +307,7 @@ private:
     ModelParams draft_params_;  // every draft's ModelParams (n_seq_max raised for trees)
     std::shared_ptr<Model> target_;
     std::vector<int32_t> control_tokens_;  // the target's (Model::control_tokens)
-    std::vector<int32_t> blank_line_tokens_, unit_start_tokens_;  // the target's (Model::layout_tokens)
-    std::vector<int32_t> fence_tokens_;                           // the target's (Model::fence_tokens)
+    std::vector<int32_t> blank_line_tokens_, unit_start_tokens_, fence_tokens_;  // the target's (Model::layout_tokens)
     // Slot bookkeeping and the target_ / pool_ handles are guarded by drafts_mutex_, so
     // has_draft / draft_version / draft_names / pool() / shared_target() may run on any thread;
     // the models themselves are only replaced between generations.

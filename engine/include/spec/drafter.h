@@ -164,13 +164,13 @@ struct LookupParams {
     // the output's first token, the prompt's last such block that a later fence closes is
     // proposed from its fence on (an answer that writes the given code out again starts with it;
     // a prompt that ends inside an open block asks for its continuation), its first
-    // kAnswerStartDepth nodes of kind kind_lookup_answer_start. A copy of the prompt whose key, shorter than
-    // kFenceMaxMatch tokens, holds an opening fence, its tag and at least one token more (the
+    // kAnswerStartDepth nodes of kind kind_lookup_answer_start. A copy of the prompt whose key,
+    // shorter than kFenceMaxMatch tokens, holds an opening fence, its tag and at least one token more (the
     // output opened a code block where the prompt has one, and the newline after the tag, which
     // answers do not always copy, is behind) gets kind_lookup_fence for its first kFenceDepth
     // nodes: its key is too short for its match length to tell, and the statistics learn whether
     // this stream's answers write the given code out again. The engine fills them from the
-    // target's vocabulary (Model::fence_tokens) when fences is set; empty: neither.
+    // target's vocabulary (Model::layout_tokens) when fences is set; empty: neither.
     std::vector<int32_t> fence_tokens;
     bool fences = true;
     // Learn the request's substitutions: where a long copy (kSubstitutionMinMatch tokens or more)

@@ -90,12 +90,12 @@ public:
     // Every control or end-of-generation token of the vocabulary (chat-template delimiters,
     // end of text), increasing.
     std::vector<int32_t> control_tokens() const;
-    // The tokens whose text holds a blank line ("\n\n") and those whose text starts with a
-    // character other than whitespace (LookupParams::blank_line_tokens / unit_start_tokens),
-    // each increasing; control tokens are in neither.
-    // Tokens whose text begins with a code fence ("```"), sorted (LookupParams::fence_tokens).
-    std::vector<int32_t> fence_tokens() const;
-    void layout_tokens(std::vector<int32_t>* blank_line, std::vector<int32_t>* unit_start) const;
+    // The tokens whose text holds a blank line ("\n\n"), those whose text starts with a
+    // character other than whitespace and, when fence is given, those whose text begins with a
+    // code fence ("```") (LookupParams::blank_line_tokens / unit_start_tokens / fence_tokens),
+    // each increasing; control tokens are in none. One pass over the vocabulary's pieces.
+    void layout_tokens(std::vector<int32_t>* blank_line, std::vector<int32_t>* unit_start,
+                       std::vector<int32_t>* fence = nullptr) const;
     std::string token_text(int32_t token) const;  // the vocabulary entry as stored in the GGUF
 
     // Formats a conversation with the model's built-in chat template (llama_chat_apply_template).
