@@ -358,10 +358,11 @@ def main() -> int:
                               lookup_resync=not args.no_resync,
                               lookup_loose_substitutions=not args.no_loose).to_core()
     params.lookup.stop_tokens = [] if args.no_stop_tokens else engine._core.control_tokens()  # as the engine
+    blank_line, unit_start, fence = engine._core.layout_tokens()  # one pass over the vocabulary
     if not args.no_boundaries:
-        params.lookup.blank_line_tokens, params.lookup.unit_start_tokens = engine._core.layout_tokens()
+        params.lookup.blank_line_tokens, params.lookup.unit_start_tokens = blank_line, unit_start
     if not args.no_fences:
-        params.lookup.fence_tokens = engine._core.fence_tokens()
+        params.lookup.fence_tokens = fence
     corpus = engine._core.load_ngram(str(args.ngram)) if args.ngram else None  # checked against the target
     reports = [json.loads(p.read_text(encoding="utf-8")) for p in args.bench]
     jobs = [recorded_runs(data) for data in reports]

@@ -54,7 +54,7 @@ def main() -> int:
     core = GenerationConfig(method="auto").to_core()
     lookup, pool = core.lookup, core.pool
     lookup.stop_tokens = engine._core.control_tokens()  # as the engine
-    lookup.blank_line_tokens, lookup.unit_start_tokens = engine._core.layout_tokens()
+    lookup.blank_line_tokens, lookup.unit_start_tokens, lookup.fence_tokens = engine._core.layout_tokens()
     schedulers = {}
     for check in (True, False):
         schedulers[check] = GenerationConfig(method="auto").to_core().scheduler

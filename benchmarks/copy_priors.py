@@ -62,7 +62,7 @@ def main() -> None:
     args = ap.parse_args()
     engine = Engine(TARGET, n_ctx=4096, n_threads=1)
     stops = set(engine._core.control_tokens())
-    blank_line, unit_start = (set(tokens) for tokens in engine._core.layout_tokens())
+    blank_line, unit_start, _ = (set(tokens) for tokens in engine._core.layout_tokens())
     counts: dict[tuple[str, str, int], list[int]] = collections.defaultdict(lambda: [0, 0])
     unit_ends: dict[tuple[str, str, bool], list[int]] = collections.defaultdict(lambda: [0, 0])
     for path in args.bench:

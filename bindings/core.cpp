@@ -556,16 +556,10 @@ NB_MODULE(_core, m) {
         .def("is_eog", [](spec::Engine& e, int32_t token) { return e.shared_target()->is_eog(token); })
         .def("control_tokens", [](spec::Engine& e) { return e.shared_target()->control_tokens(); })
         .def("layout_tokens", [](spec::Engine& e) {
-            std::vector<int32_t> blank_line, unit_start;
-            e.shared_target()->layout_tokens(&blank_line, &unit_start);
-            return std::make_pair(blank_line, unit_start);
-        }, "(blank_line_tokens, unit_start_tokens) of the target's vocabulary (LookupParams).")
-        .def("fence_tokens", [](spec::Engine& e) {
             std::vector<int32_t> blank_line, unit_start, fence;
             e.shared_target()->layout_tokens(&blank_line, &unit_start, &fence);
-            return fence;
-        },
-             "The target's tokens whose text begins with a code fence (LookupParams.fence_tokens).")
+            return std::make_tuple(blank_line, unit_start, fence);
+        }, "(blank_line_tokens, unit_start_tokens, fence_tokens) of the target's vocabulary (LookupParams).")
         .def_prop_ro("n_vocab", [](spec::Engine& e) { return e.shared_target()->n_vocab(); })
         .def_prop_ro("n_ctx", [](spec::Engine& e) { return e.shared_target()->n_ctx(); })
         .def_prop_ro("n_repacked", [](spec::Engine& e) { return e.shared_target()->n_repacked(); })

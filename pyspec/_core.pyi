@@ -817,12 +817,9 @@ class Engine:
 
     def control_tokens(self) -> list[int]: ...
 
-    def fence_tokens(self) -> list[int]:
-        """The target's tokens whose text begins with a code fence (LookupParams.fence_tokens)."""
-
-    def layout_tokens(self) -> tuple[list[int], list[int]]:
+    def layout_tokens(self) -> tuple[list[int], list[int], list[int]]:
         """
-        (blank_line_tokens, unit_start_tokens) of the target's vocabulary (LookupParams).
+        (blank_line_tokens, unit_start_tokens, fence_tokens) of the target's vocabulary (LookupParams).
         """
 
     @property

@@ -60,3 +60,18 @@ def test_greedy_identical_on_humaneval(qwen_engine, plain_runs, method: str, opt
         assert gap < NEAR_TIE, f"{prompt.id}: divergence at token {i} with top-2 gap {gap:.3f} (not a near-tie)"
         warnings.warn(f"{prompt.id}: greedy outputs diverge at token {i} on a near-tie (top-2 gap {gap:.4f})")
     assert n_accepted > 0
+
+
+def test_layout_tokens_of_the_real_vocabulary(qwen_engine) -> None:
+    # The tiny test vocabulary has no code fence and no blank-line token; Qwen2.5's has both, so
+    # the three lists the engine gives the copies (LookupParams) are checked here, each against
+    # every token's piece read back through the tokenizer.
+    blank_line, unit_start, fence = qwen_engine._core.layout_tokens()
+    control = set(qwen_engine._core.control_tokens())
+    pieces = {t: qwen_engine.detokenize_bytes([t]) for t in range(qwen_engine._core.n_vocab) if t not in control}
+    assert list(fence) == sorted(t for t, p in pieces.items() if p.startswith(b"```"))
+    assert list(blank_line) == sorted(t for t, p in pieces.items() if b"\n\n" in p)
+    assert list(unit_start) == sorted(t for t, p in pieces.items() if p and p[:1] not in b" \t\n\r")
+    # The opening fence of a Python block, as the chat answers write it, is one of them.
+    assert qwen_engine.tokenize("```python", add_special=False)[0] in fence
+    assert len(fence) >= 1 and len(blank_line) >= 1
