@@ -24,3 +24,14 @@ def assert_step_invariants(result, n_draft: int, max_tokens: int, max_nodes: int
     assert s.n_prompt_tokens == len(result.prompt_tokens)
     assert result.trace.n_steps == s.n_target_calls
     assert int(result.trace.n_accepted.sum()) == s.n_accepted
+
+
+def layout_tokens_by_piece(engine) -> tuple[list[int], list[int], list[int]]:
+    """What engine._core.layout_tokens() must return, read here from every token's piece:
+    (blank_line: a piece holding "\\n\\n", unit_start: a piece starting with a character other
+    than whitespace, fence: a piece starting with "```"), control tokens left out."""
+    control = set(engine._core.control_tokens())
+    pieces = {t: engine.detokenize_bytes([t]) for t in range(engine._core.n_vocab) if t not in control}
+    return (sorted(t for t, p in pieces.items() if b"\n\n" in p),
+            sorted(t for t, p in pieces.items() if p and p[:1] not in b" \t\n\r"),
+            sorted(t for t, p in pieces.items() if p.startswith(b"```")))

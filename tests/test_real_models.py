@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import pyspec
+from invariants import layout_tokens_by_piece
 
 # Logits. Flips measured on this backend: batched gaps <= 0.24 (docs/numerics.md, Zen 4) and 0.22
 # (HumanEval/3, token 57, on the Xeon development machine with repacking off, for chain and lookup).
@@ -67,11 +68,7 @@ def test_layout_tokens_of_the_real_vocabulary(qwen_engine) -> None:
     # the three lists the engine gives the copies (LookupParams) are checked here, each against
     # every token's piece read back through the tokenizer.
     blank_line, unit_start, fence = qwen_engine._core.layout_tokens()
-    control = set(qwen_engine._core.control_tokens())
-    pieces = {t: qwen_engine.detokenize_bytes([t]) for t in range(qwen_engine._core.n_vocab) if t not in control}
-    assert list(fence) == sorted(t for t, p in pieces.items() if p.startswith(b"```"))
-    assert list(blank_line) == sorted(t for t, p in pieces.items() if b"\n\n" in p)
-    assert list(unit_start) == sorted(t for t, p in pieces.items() if p and p[:1] not in b" \t\n\r")
+    assert (list(blank_line), list(unit_start), list(fence)) == layout_tokens_by_piece(qwen_engine)
     # The opening fence of a Python block, as the chat answers write it, is one of them.
     assert qwen_engine.tokenize("```python", add_special=False)[0] in fence
     assert len(fence) >= 1 and len(blank_line) >= 1
