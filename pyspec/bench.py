@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Sequence, Union
 from .bench_peers import (LLAMA_CPP_DEFAULT_N_DRAFT, LLAMA_CPP_DRAFT, LLAMA_CPP_PEERS, PEER_PLD_N_DRAFT, PYTHON_PEERS,
                           LlamaCppPeer, PythonPeer)
 from .bench_report import (BenchReport, MethodSummary, PromptRun, best_llama_cpp_runs, decode_within_limit,
-                           format_markdown, plot, summarize, versus_best_llama_cpp, versus_best_suite_llama_cpp,
+                           format_markdown, plot, plot_panels, read_json, summarize, versus_best_llama_cpp, versus_best_suite_llama_cpp,
                            write_json)
 from .cli import add_engine_options, add_ngram_option, engine_options
 from .config import DEFAULT_DRAFT, DEFAULT_TARGET, METHODS_NEEDING_DRAFT, METHODS_NEEDING_HEAD
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = ["MethodSpec", "BenchReport", "MethodSummary", "PromptRun", "available_methods", "parse_methods",
-           "run_bench", "format_markdown", "write_json", "plot"]
+           "run_bench", "format_markdown", "write_json", "read_json", "plot", "plot_panels"]
 
 PEER_METHODS = (*PYTHON_PEERS, *LLAMA_CPP_PEERS)
 NO_DRAFT_LENGTH = ("none", "peer-llama-cpp", *(p for p in LLAMA_CPP_PEERS if p != LLAMA_CPP_DRAFT))

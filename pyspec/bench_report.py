@@ -353,8 +353,54 @@ def write_json(report: BenchReport, path: str | Path) -> None:
     Path(path).write_text(json.dumps(report.to_dict(), indent=1) + "\n", encoding="utf-8")
 
 
+def read_json(path: str | Path) -> BenchReport:
+    """A report written by write_json, read back (to draw it again with `plot`, say). Fields a
+    report of an older version lacks take their defaults; fields this version does not know are
+    dropped."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+
+    def known(cls: type, d: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+
+    results = [MethodSummary(**{**known(MethodSummary, r),
+                                "per_prompt": [PromptRun(**known(PromptRun, x)) for x in r["per_prompt"]]})
+               for r in data["results"]]
+    return BenchReport(**{**known(BenchReport, data), "results": results})
+
+
+@dataclass
+class PlotPanel:
+    """One panel of `plot`: a bar per method, its median over the prompts and the min-max range."""
+
+    ylabel: str
+    methods: list[str]
+    median: list[float]
+    low: list[float]
+    high: list[float]
+
+
+def plot_panels(report: BenchReport) -> list[PlotPanel]:
+    """What `plot` draws: wall tokens/s of every method, and beside it decode tokens/s (prompt
+    processing left out, DECODE_NOTE) of the methods that have that figure. On a long prompt the
+    prefill is most of the wall time, so the two panels can rank methods differently; the
+    comparison with llama.cpp's tools is made on the decode figure."""
+    wall = PlotPanel("tokens/s, wall (median, min-max)", [r.method for r in report.results],
+                     [r.tokens_per_second for r in report.results],
+                     [r.tokens_per_second_min for r in report.results],
+                     [r.tokens_per_second_max for r in report.results])
+    timed = [r for r in report.results if r.decode_tokens_per_second is not None]
+    if not timed:
+        return [wall]
+    # a method has a decode median only when every prompt has a decode figure (summarize)
+    per_prompt = [[x.decode_tokens_per_second for x in r.per_prompt] for r in timed]
+    decode = PlotPanel("tokens/s, decode (median, min-max)", [r.method for r in timed],
+                       [r.decode_tokens_per_second for r in timed], [min(xs) for xs in per_prompt],
+                       [max(xs) for xs in per_prompt])
+    return [wall, decode]
+
+
 def plot(report: BenchReport, path: str | Path) -> None:
-    """Bar chart of tokens/s per method (median, min-max whiskers) as a PNG."""
+    """Bar charts of tokens/s per method (`plot_panels`: wall, and decode where measured) as a PNG."""
     try:
         import matplotlib
 
@@ -363,17 +409,19 @@ def plot(report: BenchReport, path: str | Path) -> None:
     except ImportError:
         raise ImportError("--plot needs matplotlib: pip install matplotlib "
                           "(or pip install 'pyspec-engine[bench]')") from None
-    names = [r.method for r in report.results]
-    med = [r.tokens_per_second for r in report.results]
-    err = [[m - r.tokens_per_second_min for m, r in zip(med, report.results)],
-           [r.tokens_per_second_max - m for m, r in zip(med, report.results)]]
-    fig, ax = plt.subplots(figsize=(max(4.0, 1.2 * len(names)), 3.5))
+    panels = plot_panels(report)
+    width = max(4.0, 1.2 * len(report.results))
+    fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels), 3.5), squeeze=False)
     try:
-        ax.bar(names, med, yerr=err, capsize=4, color=["#888" if n == "none" else "#3a7" for n in names])
-        ax.set_ylabel("tokens/s, wall (median, min-max)")
-        ax.set_title(f"{report.suite}, {report.n} prompts, {report.max_tokens} tokens, {report.threads} threads",
+        for ax, panel in zip(axes[0], panels):
+            err = [[m - lo for m, lo in zip(panel.median, panel.low)],
+                   [hi - m for m, hi in zip(panel.median, panel.high)]]
+            ax.bar(panel.methods, panel.median, yerr=err, capsize=4,
+                   color=["#888" if n == "none" else "#3a7" for n in panel.methods])
+            ax.set_ylabel(panel.ylabel)
+            ax.tick_params(axis="x", labelrotation=20)
+        fig.suptitle(f"{report.suite}, {report.n} prompts, {report.max_tokens} tokens, {report.threads} threads",
                      fontsize=9)
-        ax.tick_params(axis="x", labelrotation=20)
         fig.tight_layout()
         fig.savefig(path, dpi=120)
     finally:

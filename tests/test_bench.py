@@ -125,6 +125,17 @@ def test_json(report: BenchReport, tmp_path: Path) -> None:
         assert {"method", "tokens_per_second", "speedup_vs_none", "acceptance_rate", "tokens_per_target_call",
                 "greedy_identical", "per_prompt"} <= set(entry)
         assert {"prompt_id", "tokens", "tokens_per_second", "identical_to_none"} <= set(entry["per_prompt"][0])
+    from pyspec.bench import read_json
+
+    assert read_json(path) == report
+    # an older report lacks later fields (defaults) and a newer one has fields this version drops
+    del data["flash_attn"], data["results"][0]["per_prompt"][0]["repeat_n_drafted"]
+    data["from_a_later_version"] = 1
+    data["results"][0]["per_prompt"][0]["also_later"] = 2
+    path.write_text(json.dumps(data))
+    again = read_json(path)
+    assert again.flash_attn is False and again.results[0].per_prompt[0].repeat_n_drafted is None
+    assert again.results[0].per_prompt[0].tokens == report.results[0].per_prompt[0].tokens
 
 
 def test_suite_slices(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -168,6 +179,29 @@ def test_plot_writes_png(report: BenchReport, tmp_path: Path) -> None:
     path = tmp_path / "bench.png"
     plot(report, path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_panels_put_decode_rates_beside_wall_rates(report: BenchReport) -> None:
+    """The plot's second panel is decode tok/s of the methods that measure it (pyspec's; the
+    llama-cpp-python peers have none), median and range over the prompts; without any decode
+    figure there is the wall panel alone."""
+    import dataclasses
+    import statistics
+
+    from pyspec.bench import plot_panels
+
+    wall, decode = plot_panels(report)
+    assert wall.methods == [r.method for r in report.results]
+    assert wall.median == [r.tokens_per_second for r in report.results]
+    pyspec_methods = [r.method for r in report.results if not r.method.startswith("peer-")]
+    assert decode.methods == pyspec_methods and len(pyspec_methods) == 7
+    for name, median, low, high in zip(decode.methods, decode.median, decode.low, decode.high):
+        rates = [x.decode_tokens_per_second for x in next(r for r in report.results if r.method == name).per_prompt]
+        assert (median, low, high) == (statistics.median(rates), min(rates), max(rates))
+        assert low < high  # three different prompts
+    untimed = dataclasses.replace(report, results=[dataclasses.replace(r, decode_tokens_per_second=None)
+                                                   for r in report.results])
+    assert [p.ylabel for p in plot_panels(untimed)] == [wall.ylabel]
 
 
 def test_plot_without_matplotlib_says_how_to_install(report: BenchReport, tmp_path: Path,
