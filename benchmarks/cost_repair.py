@@ -174,9 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     rolling_quiet = rolling_median(errors["quiet"], args.window)
     reached = first_within(rolling, quiet_level, args.tolerance)
     reached_quiet = first_within(rolling_quiet, quiet_level, args.tolerance)
-    after = {"repaired": share_within(rolling, quiet_level, args.tolerance, reached) if reached is not None else None,
-             "quiet": share_within(rolling_quiet, quiet_level, args.tolerance, reached_quiet)
-             if reached_quiet is not None else None}
+    after = {arm: share_within(r, quiet_level, args.tolerance, start) if start is not None else None
+             for arm, r, start in (("repaired", rolling, reached), ("quiet", rolling_quiet, reached_quiet))}
     ratio = {arm: statistics.median(r[arm] / r["quiet"] for r in rows) for arm in ARMS}
     first = {arm: rows[0][arm] / rows[0]["quiet"] for arm in ARMS}
     summary = {

@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any, Sequence, Union
 from .bench_peers import (LLAMA_CPP_DEFAULT_N_DRAFT, LLAMA_CPP_DRAFT, LLAMA_CPP_PEERS, PEER_PLD_N_DRAFT, PYTHON_PEERS,
                           LlamaCppPeer, PythonPeer)
 from .bench_report import (BenchReport, MethodSummary, PromptRun, best_llama_cpp_runs, decode_within_limit,
-                           format_markdown, plot, plot_panels, read_json, summarize, versus_best_llama_cpp, versus_best_suite_llama_cpp,
-                           write_json)
+                           format_markdown, plot, plot_panels, read_json, summarize, versus_best_llama_cpp,
+                           versus_best_suite_llama_cpp, write_json)
 from .cli import add_engine_options, add_ngram_option, engine_options
 from .config import DEFAULT_DRAFT, DEFAULT_TARGET, METHODS_NEEDING_DRAFT, METHODS_NEEDING_HEAD
 
