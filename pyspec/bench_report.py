@@ -358,6 +358,8 @@ def read_json(path: str | Path) -> BenchReport:
     report of an older version lacks take their defaults; fields this version does not know are
     dropped."""
     data = json.loads(Path(path).read_text(encoding="utf-8"))
+    if not isinstance(data, dict) or not isinstance(data.get("results"), list):
+        raise ValueError(f"{path}: not a `pyspec bench --json` report (no list of results)")
 
     def known(cls: type, d: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in d.items() if k in cls.__dataclass_fields__}

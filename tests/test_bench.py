@@ -136,6 +136,9 @@ def test_json(report: BenchReport, tmp_path: Path) -> None:
     again = read_json(path)
     assert again.flash_attn is False and again.results[0].per_prompt[0].repeat_n_drafted is None
     assert again.results[0].per_prompt[0].tokens == report.results[0].per_prompt[0].tokens
+    path.write_text(json.dumps({"suite": "humaneval"}))
+    with pytest.raises(ValueError, match="not a `pyspec bench --json` report"):
+        read_json(path)
 
 
 def test_suite_slices(monkeypatch: pytest.MonkeyPatch) -> None:
