@@ -343,10 +343,17 @@ def _llama_cpp_section(report: BenchReport) -> list[str]:
     return lines
 
 
+def _known_fields(cls: type, d: dict[str, Any]) -> dict[str, Any]:
+    """The entries of d that are fields of dataclass cls: a report of a later version may carry
+    more; fields an older one lacks take their defaults."""
+    return {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+
+
 def runs_from_report(report: dict[str, Any]) -> dict[str, list[PromptRun]]:
     """The per-prompt runs of each method (by label) of a report read back from its JSON
     (write_json), for scripts that recompute figures from saved reports."""
-    return {r["method"]: [PromptRun(**x) for x in r["per_prompt"]] for r in report["results"]}
+    return {r["method"]: [PromptRun(**_known_fields(PromptRun, x)) for x in r["per_prompt"]]
+            for r in report["results"]}
 
 
 def write_json(report: BenchReport, path: str | Path) -> None:
@@ -354,20 +361,15 @@ def write_json(report: BenchReport, path: str | Path) -> None:
 
 
 def read_json(path: str | Path) -> BenchReport:
-    """A report written by write_json, read back (to draw it again with `plot`, say). Fields a
-    report of an older version lacks take their defaults; fields this version does not know are
-    dropped."""
+    """A report written by write_json, read back (to draw it again with `plot`, say), older and
+    later versions' reports too (_known_fields)."""
     data = json.loads(Path(path).read_text(encoding="utf-8"))
     if not isinstance(data, dict) or not isinstance(data.get("results"), list):
         raise ValueError(f"{path}: not a `pyspec bench --json` report (no list of results)")
-
-    def known(cls: type, d: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
-
-    results = [MethodSummary(**{**known(MethodSummary, r),
-                                "per_prompt": [PromptRun(**known(PromptRun, x)) for x in r["per_prompt"]]})
+    runs = runs_from_report(data)
+    results = [MethodSummary(**{**_known_fields(MethodSummary, r), "per_prompt": runs[r["method"]]})
                for r in data["results"]]
-    return BenchReport(**{**known(BenchReport, data), "results": results})
+    return BenchReport(**{**_known_fields(BenchReport, data), "results": results})
 
 
 @dataclass
