@@ -13,6 +13,9 @@ records, so reports written before a figure existed get it too.
     python benchmarks/vs_llama_cpp_summary.py --merge --common-methods part1.json part2.json
     # what the first figure reads when nothing is faster than anything: the noise floor
     python benchmarks/vs_llama_cpp_summary.py --noise-floor benchmarks/results/vs_llama_cpp_mtbench_zen4_repeats3.json
+    # runs of the same prompts made apart (whole suites, parts, --repeats runs): every run of a
+    # prompt pooled, the median one kept; with --noise-floor, that figure's floor
+    python benchmarks/vs_llama_cpp_summary.py --pool run1_part1.json run1_part2.json run2.json
 
 The best mode of each prompt is the fastest of several noisy runs; where every mode decodes at
 about plain speed (chat, GSM8K) that maximum sits above any one mode's typical run. The suite's
@@ -32,8 +35,10 @@ import math
 import random
 import statistics
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
+from pyspec.bench import median_run
 from pyspec.bench_report import runs_from_report, versus_best_llama_cpp, versus_best_suite_llama_cpp
 from pyspec.data import parse_suite_slice
 
@@ -46,33 +51,47 @@ def common_methods(reports: list[dict]) -> tuple[list[str], list[str]]:
     return shared, [m for m in every if m not in shared]
 
 
+SETTINGS = ("target", "draft", "methods", "llama_cpp_modes", "max_tokens", "threads", "repack", "llama_cpp_repack",
+            "huge_pages", "ngram", "head", "settle_s", "repeats")
+
+
+def _base_suite(suite: str) -> str:
+    return parse_suite_slice(suite)[0]
+
+
+def _common_only(reports: list[dict]) -> list[dict]:
+    """The reports with only the methods every one of them ran."""
+    keep = set(common_methods(reports)[0])
+    return [{**report, "methods": [m for m in report.get("methods", []) if m in keep],
+             "llama_cpp_modes": [m for m in report.get("llama_cpp_modes", []) if m in keep],
+             "results": [r for r in report["results"] if r["method"] in keep]} for report in reports]
+
+
+def _check_alike(reports: list[dict], keys: tuple[str, ...], verb: str) -> None:
+    first = reports[0]
+    for report in reports[1:]:
+        if _base_suite(report["suite"]) != _base_suite(first["suite"]):
+            raise ValueError(f"cannot {verb} suite {report['suite']!r} into {first['suite']!r}")
+        for key in keys:
+            if report.get(key) != first.get(key):
+                raise ValueError(f"cannot {verb} reports that differ in {key}: "
+                                 f"{report.get(key)!r} vs {first.get(key)!r}")
+
+
 def merged(reports: list[dict], common: bool = False) -> dict:
     """One report of a suite run in parts on disjoint prompts (`--suite 'SUITE[A:B]'`), with the
     same methods and settings: the per-prompt records put together (the figures recomputed from
     them; the parts' own figures are not carried). A part with other methods or settings, another
     suite or a prompt already seen is an error. With common, parts may differ in their methods:
     only the methods every part ran are kept (a best mode over fewer modes than a part had)."""
-    def base(suite: str) -> str:
-        return parse_suite_slice(suite)[0]
-
     if common:
-        keep = set(common_methods(reports)[0])
-        reports = [{**report, "methods": [m for m in report.get("methods", []) if m in keep],
-                    "llama_cpp_modes": [m for m in report.get("llama_cpp_modes", []) if m in keep],
-                    "results": [r for r in report["results"] if r["method"] in keep]} for report in reports]
+        reports = _common_only(reports)
+    _check_alike(reports, SETTINGS, "merge")
     first = reports[0]
-    keys = ("target", "draft", "methods", "llama_cpp_modes", "max_tokens", "threads", "repack", "llama_cpp_repack",
-            "huge_pages", "ngram", "head", "settle_s", "repeats")
-    out = {key: first[key] for key in keys if key in first}
+    out = {key: first[key] for key in SETTINGS if key in first}
     out["results"] = [{"method": r["method"], "per_prompt": list(r["per_prompt"])} for r in first["results"]]
     seen = {x["prompt_id"] for x in first["results"][0]["per_prompt"]}
     for report in reports[1:]:
-        if base(report["suite"]) != base(first["suite"]):
-            raise ValueError(f"cannot merge suite {report['suite']!r} into {first['suite']!r}")
-        for key in keys:
-            if report.get(key) != first.get(key):
-                raise ValueError(f"cannot merge reports that differ in {key}: "
-                                 f"{report.get(key)!r} vs {first.get(key)!r}")
         ids = {x["prompt_id"] for x in report["results"][0]["per_prompt"]}
         if ids & seen:
             raise ValueError(f"prompts in more than one report: {', '.join(sorted(ids & seen))}")
@@ -80,7 +99,61 @@ def merged(reports: list[dict], common: bool = False) -> dict:
         by_method = {r["method"]: r for r in report["results"]}
         for r in out["results"]:
             r["per_prompt"] += by_method[r["method"]]["per_prompt"]
-    out["suite"], out["n"] = base(first["suite"]), len(seen)
+    out["suite"], out["n"] = _base_suite(first["suite"]), len(seen)
+    return out
+
+
+def _runs_of(record: dict) -> list[dict]:
+    """Every run in a per-prompt record: the kept one as it is, the other repeats (`--repeats`)
+    as the record with that run's speed and counts (its other fields the kept run's). The repeats'
+    speeds are decode tok/s, or wall tok/s for a method without decode timings, as the bench lists
+    them."""
+    field = "decode_tokens_per_second" if record.get("decode_tokens_per_second") is not None else "tokens_per_second"
+    rates = record.get("repeat_decode_tokens_per_second") or [record[field]]
+    kept = rates.index(record[field]) if record[field] in rates else -1
+    runs = []
+    for i, rate in enumerate(rates):
+        if i == kept:
+            runs.append(record)
+            continue
+        run = {**record, field: rate, "decode_tokens_per_second_within_limit": None}
+        for count in ("n_target_calls", "n_drafted", "n_accepted"):
+            if len(record.get(f"repeat_{count}") or []) == len(rates):
+                run[count] = record[f"repeat_{count}"][i]
+        runs.append(run)
+    return runs
+
+
+def pooled(reports: list[dict], common: bool = False) -> dict:
+    """One report from runs of the same suite made apart: whole runs, parts on disjoint prompts,
+    `--repeats` runs, in any mix. Per prompt and method every run is pooled and the one with the
+    median decode tok/s kept (the lower middle one for an even count), as `--repeats` keeps it
+    within one bench run; `repeat_decode_tokens_per_second` lists them all (so `--noise-floor`
+    reads the pooled runs). The reports must agree in their methods and settings (not in settle
+    time or repeats); every prompt needs the same number of runs of every method. With common, only
+    the methods every report ran."""
+    if common:
+        reports = _common_only(reports)
+    keys = tuple(k for k in SETTINGS if k not in ("settle_s", "repeats"))
+    _check_alike(reports, keys, "pool")
+    first = reports[0]
+    runs: dict[str, dict[str, list[dict]]] = {r["method"]: {} for r in first["results"]}
+    for report in reports:
+        for result in report["results"]:
+            for record in result["per_prompt"]:
+                runs[result["method"]].setdefault(record["prompt_id"], []).extend(_runs_of(record))
+    prompts = list(dict.fromkeys(p for by_prompt in runs.values() for p in by_prompt))
+    counts = {(m, p): len(by_prompt.get(p, [])) for m, by_prompt in runs.items() for p in prompts}
+    if len(set(counts.values())) > 1:
+        (m, p), n = min(counts.items(), key=lambda kv: kv[1])
+        raise ValueError(f"unequal runs: {n} of {m} on {p}, {max(counts.values())} elsewhere")
+
+    def kept(method: str, tries: list[dict]) -> dict:  # as the bench keeps one of its repeats
+        return asdict(median_run(runs_from_report({"results": [{"method": method, "per_prompt": tries}]})[method])[1])
+
+    out = {key: first[key] for key in keys if key in first}
+    out["results"] = [{"method": m, "per_prompt": [kept(m, runs[m][p]) for p in prompts]} for m in runs]
+    out["suite"], out["n"], out["repeats"] = _base_suite(first["suite"]), len(prompts), next(iter(counts.values()))
     return out
 
 
@@ -163,21 +236,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--noise-floor", action="store_true",
                         help="instead of the figures: the first figure's value when every method decodes at "
                              "one speed, from the report's run-to-run spread (module docstring)")
+    parser.add_argument("--pool", action="store_true",
+                        help="the reports are runs of the same suite made apart (whole, in parts, with --repeats): "
+                             "one row, every run of a prompt pooled and the median one kept")
     parser.add_argument("--common-methods", action="store_true",
-                        help="with --merge: parts may differ in their methods; only those every part ran are kept "
-                             "(the ones left out are printed)")
+                        help="with --merge or --pool: the reports may differ in their methods; only those every "
+                             "one ran are kept (the ones left out are printed)")
     args = parser.parse_args(argv)
-    if args.common_methods and not args.merge:
-        parser.error("--common-methods goes with --merge")
+    if args.merge and args.pool:
+        parser.error("--merge and --pool are two ways to make one report: choose one")
+    if args.common_methods and not (args.merge or args.pool):
+        parser.error("--common-methods goes with --merge or --pool")
     m = args.method
     reports = []
     for path in args.reports:
         with open(path, encoding="utf-8") as f:
             reports.append((Path(path).stem, json.load(f)))
-    if args.merge:
+    if args.merge or args.pool:
         left_out = common_methods([r for _, r in reports])[1] if args.common_methods else []
+        join = merged if args.merge else pooled
         try:
-            reports = [(" + ".join(name for name, _ in reports), merged([r for _, r in reports], args.common_methods))]
+            reports = [(" + ".join(name for name, _ in reports), join([r for _, r in reports], args.common_methods))]
         except ValueError as e:
             parser.error(str(e))
         if left_out:

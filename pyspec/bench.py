@@ -409,7 +409,7 @@ def run_bench(
                             pools_after[m.label].append(_snapshot(pool_files[m.label], f".after{r}"))
                         bar.update(1)
                 for m in specs:
-                    k, kept = _median_run(tries[m.label])
+                    k, kept = median_run(tries[m.label])
                     runs[m.label].append(kept)
                     if pools_after[m.label]:
                         _restore(pools_after[m.label][k], pool_files[m.label])
@@ -445,7 +445,7 @@ def _restore(snapshot: str | None, path: str) -> None:
         shutil.copyfile(snapshot, path)
 
 
-def _median_run(tries: list[PromptRun]) -> tuple[int, PromptRun]:
+def median_run(tries: list[PromptRun]) -> tuple[int, PromptRun]:
     """The index and record of the run with the median decode tok/s (wall tok/s where there is
     none), the lower middle one of an even count; with more than one, every run's figure and step
     counts go along with it."""

@@ -571,6 +571,60 @@ def test_vs_llama_cpp_summary_script_picks_one_mode_for_the_suite() -> None:
     assert module.summary_row(whole, "r").split(" | ")[4:8] == ["1.00x", "1.20x (llama.cpp-ngram-mod)", "-", "1.09x |"]
 
 
+def test_vs_llama_cpp_summary_pools_runs_made_apart() -> None:
+    """vs_llama_cpp_summary.py --pool: runs of the same prompts made apart (parts, a whole run, a
+    --repeats run) become one report in which each prompt keeps the run with the median decode
+    tok/s of all its runs, the others listed; unequal runs and other settings are refused."""
+    module = _benchmark_script("vs_llama_cpp_summary")
+    modes = ["llama.cpp", "llama.cpp-ngram-mod"]
+
+    def report(suite: str, rates: dict[str, list[float | list[float]]], first: int = 0, **settings: Any) -> dict:
+        def record(name: str, i: int, r: float | list[float]) -> dict:
+            rec = {"prompt_id": f"s/{first + i}", "method": name, "n_prompt_tokens": 5, "n_generated": 8,
+                   "wall_s": 1.0, "tokens_per_second": 8.0, "finish_reason": "length", "tokens": [],
+                   "n_target_calls": 8}
+            if isinstance(r, list):  # a --repeats run: kept the median, every run listed
+                return {**rec, "decode_tokens_per_second": sorted(r)[(len(r) - 1) // 2],
+                        "repeat_decode_tokens_per_second": r, "repeat_n_target_calls": [8, 7, 9]}
+            return {**rec, "decode_tokens_per_second": r}
+        return {"suite": suite, "n": len(next(iter(rates.values()))), "methods": list(rates), "llama_cpp_modes": modes,
+                "threads": 2, "settle_s": 3.0, "repeats": 1, **settings,
+                "results": [{"method": m, "per_prompt": [record(m, i, r) for i, r in enumerate(v)]}
+                            for m, v in rates.items()]}
+    # prompt s/0: auto runs 12, 9, 11, 10, 14 (kept 11); plain 10, 10, 13, 9, 10 (kept 10); mod 9, 9, 9, 15, 9
+    part1 = report("s[0:1]", {"auto": [12], "llama.cpp": [10], "llama.cpp-ngram-mod": [9]})
+    part2 = report("s[1:2]", {"auto": [20], "llama.cpp": [20], "llama.cpp-ngram-mod": [25]}, first=1)
+    whole = report("s", {"auto": [9, 18], "llama.cpp": [10, 21], "llama.cpp-ngram-mod": [9, 24]})
+    repeats = report("s", {"auto": [[11, 10, 14], [19, 17, 23]], "llama.cpp": [[13, 9, 10], [22, 20, 19]],
+                           "llama.cpp-ngram-mod": [[9, 15, 9], [26, 22, 23]]}, repeats=3, settle_s=2.0)
+    pool = module.pooled([part1, part2, whole, repeats])
+    assert (pool["suite"], pool["n"], pool["repeats"]) == ("s", 2, 5)
+    auto = pool["results"][0]["per_prompt"]
+    assert [x["prompt_id"] for x in auto] == ["s/0", "s/1"]
+    assert [x["decode_tokens_per_second"] for x in auto] == [11, 19]
+    assert sorted(auto[0]["repeat_decode_tokens_per_second"]) == [9, 10, 11, 12, 14]
+    # s/1's kept auto run is the repeats run's first, its record's own kept run; s/0's kept 11 is
+    # likewise its kept run; a kept run that is not its record's kept one takes its own counts
+    best = {m["method"]: [x["decode_tokens_per_second"] for x in m["per_prompt"]] for m in pool["results"]}
+    assert best == {"auto": [11, 19], "llama.cpp": [10, 20], "llama.cpp-ngram-mod": [9, 24]}
+    assert [x["n_target_calls"] for x in module._runs_of(repeats["results"][0]["per_prompt"][0])] == [8, 7, 9]
+    assert sorted(auto[0]["repeat_n_target_calls"]) == [7, 8, 8, 8, 9]
+    # a peer without decode timings (llama-cpp-python): its repeats are wall tok/s, and stay so
+    peer = {"prompt_id": "s/0", "tokens_per_second": 6.0, "decode_tokens_per_second": None,
+            "repeat_decode_tokens_per_second": [6.0, 5.0, 7.0]}
+    assert [(x["tokens_per_second"], x["decode_tokens_per_second"]) for x in module._runs_of(peer)] == \
+        [(6.0, None), (5.0, None), (7.0, None)]
+    # auto / best mode of each prompt: 11/10, 19/24 -> median 0.946; the suite's best mode is
+    # ngram-mod (median 16.5 against plain's 15): 11/9, 19/24 -> median 1.007
+    assert module.summary_row(pool, "r").split(" | ")[1:6] == ["s", "2", "5", "0.95x", "1.01x (llama.cpp-ngram-mod)"]
+    with pytest.raises(ValueError, match="unequal runs: 1 of auto on s/1, 2 elsewhere"):
+        module.pooled([part1, part2, part1])
+    with pytest.raises(ValueError, match="differ in threads"):
+        module.pooled([whole, {**whole, "threads": 4}])
+    with pytest.raises(ValueError, match="cannot pool suite 't'"):
+        module.pooled([whole, {**whole, "suite": "t"}])
+
+
 def test_auto_replay_reads_the_prompts_of_a_sliced_suite(monkeypatch: pytest.MonkeyPatch) -> None:
     """benchmarks/auto_replay.py --bench: a report of `--suite 'longedit[10:20]'` records that name;
     the replay takes the slice's prompts (by the ids the report's runs carry), not the suite's first."""
