@@ -52,7 +52,8 @@ def common_methods(reports: list[dict]) -> tuple[list[str], list[str]]:
 
 
 SETTINGS = ("target", "draft", "methods", "llama_cpp_modes", "max_tokens", "threads", "repack", "llama_cpp_repack",
-            "huge_pages", "ngram", "head", "settle_s", "repeats")
+            "huge_pages", "ngram", "head", "temperature", "settle_s", "repeats")
+DEFAULTS = {"temperature": 0.0}  # what a report written before the field was added ran with
 
 
 def _base_suite(suite: str) -> str:
@@ -73,9 +74,9 @@ def _check_alike(reports: list[dict], keys: tuple[str, ...], verb: str) -> None:
         if _base_suite(report["suite"]) != _base_suite(first["suite"]):
             raise ValueError(f"cannot {verb} suite {report['suite']!r} into {first['suite']!r}")
         for key in keys:
-            if report.get(key) != first.get(key):
-                raise ValueError(f"cannot {verb} reports that differ in {key}: "
-                                 f"{report.get(key)!r} vs {first.get(key)!r}")
+            ours, theirs = report.get(key, DEFAULTS.get(key)), first.get(key, DEFAULTS.get(key))
+            if ours != theirs:
+                raise ValueError(f"cannot {verb} reports that differ in {key}: {ours!r} vs {theirs!r}")
 
 
 def merged(reports: list[dict], common: bool = False) -> dict:

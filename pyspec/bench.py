@@ -2,7 +2,8 @@
 
 For each prompt every method runs back to back (A B C, then B C A, ...: the order rotates by one
 per prompt), so machine drift hits all methods alike and none always runs in the same slot; each
-method is warmed up first; decoding is greedy through the chat template. Methods that use the
+method is warmed up first; decoding is greedy (or sampled at a temperature: every method and peer
+alike, top-k, top-p and min-p off) through the chat template. Methods that use the
 phrase pool keep one pool per method across the prompts (history reuse as in serving; a
 method never sees another method's answer to the same prompt). Besides pyspec's own methods,
 peers run with the same threads, context size, weight-repacking setting and greedy decoding
@@ -21,6 +22,7 @@ import argparse
 import contextlib
 import importlib.util
 import logging
+import math
 import os
 import shutil
 import sys
@@ -198,9 +200,10 @@ def decode_tokens_per_second(stats: "GenerationStats", finish_reason: str) -> fl
 
 
 def _run_pyspec(engine: "Engine", m: MethodSpec, prompt_id: str, prompt_tokens: list[int],
-                max_tokens: int) -> PromptRun:
+                max_tokens: int, temperature: float = 0.0, seed: int = 0) -> PromptRun:
     t0 = time.perf_counter()
-    r = engine.generate(prompt_tokens, max_tokens=max_tokens, method=m.name, n_draft=m.n_draft, **dict(m.options))
+    r = engine.generate(prompt_tokens, max_tokens=max_tokens, method=m.name, n_draft=m.n_draft,
+                        temperature=temperature, seed=seed, **dict(m.options))
     wall = time.perf_counter() - t0
     s = r.stats
     decode_rate = decode_tokens_per_second(s, r.finish_reason)
@@ -251,8 +254,10 @@ def run_bench(
     settle_s: float | None = None,
     repeats: int = 1,
     flash_attn: bool = False,
+    temperature: float = 0.0,
+    seed: int = 0,
 ) -> BenchReport:
-    """Runs every method on the same prompts, interleaved per prompt, greedy.
+    """Runs every method on the same prompts, interleaved per prompt, greedy by default.
 
     prompts: a suite name (`pyspec data list`; its first n prompts), a slice of one
     ('humaneval[156:164]': the first n of those prompts) or a list of prompts
@@ -279,6 +284,11 @@ def run_bench(
     run's pool goes on to the next prompt, and what the last repeat learnt. The median damps one
     slow or fast run, and with it the advantage that "the best llama.cpp mode of each
     prompt" (a maximum over several noisy runs) otherwise takes from noise alone.
+    temperature: above 0, every method and peer samples at it (top-k, top-p and min-p off) from
+    seed, the same for every run; the outputs then differ between methods by design (each draws
+    its own random numbers), so no identity with none is checked (PromptRun.identical_to_none is
+    None): the target's distribution is what sampled methods keep, tested statistically in
+    tests/test_sampling.py and tests/test_auto.py.
     """
     from tqdm import tqdm
 
@@ -294,6 +304,9 @@ def run_bench(
         raise ValueError(f"settle_s must be >= 0 seconds, got {settle_s}")
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if not (temperature >= 0 and math.isfinite(temperature)):
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
+    sampled = temperature > 0
     if isinstance(prompts, str):
         suite, prompt_list = suite_prompts(prompts, n)
     else:
@@ -341,14 +354,15 @@ def run_bench(
                         "Build them without AMX: python benchmarks/build_llama_cpp.py", bin_dir)
         tool_settings = ToolSettings(model=target_path, n_ctx=n_ctx, n_threads=engine.n_threads, repack=tools_repack,
                                      flash_attn=engine.flash_attn, n_ubatch=ENGINE_N_BATCH, n_gpu_layers=engine.n_gpu_layers,
-                                     huge_pages=engine.huge_pages)
+                                     huge_pages=engine.huge_pages, temperature=temperature, seed=seed)
         python_peers: dict[str, PythonPeer] = {}
         tool_peers: dict[str, LlamaCppPeer] = {}
         for m in specs:
             if m.name in PYTHON_PEERS:
                 python_peers[m.label] = PythonPeer(target_path, n_ctx=peer_ctx, n_threads=engine.n_threads,
                                                    repack=engine.repack_mode == "all", n_draft=m.n_draft,
-                                                   pld=m.name == "peer-pld", flash_attn=engine.flash_attn)
+                                                   pld=m.name == "peer-pld", flash_attn=engine.flash_attn,
+                                                   temperature=temperature, seed=seed)
                 stack.callback(python_peers[m.label].close)
             elif m.is_llama_cpp:
                 assert bin_dir is not None
@@ -373,7 +387,7 @@ def run_bench(
                 engine.load_pool(pool_file)
             else:
                 engine.clear_pool()
-            result = _run_pyspec(engine, m, pid, tokens, limit)
+            result = _run_pyspec(engine, m, pid, tokens, limit, temperature, seed)
             engine.save_pool(pool_file)
             return result
 
@@ -413,6 +427,10 @@ def run_bench(
                     runs[m.label].append(kept)
                     if pools_after[m.label]:
                         _restore(pools_after[m.label][k], pool_files[m.label])
+                if sampled:
+                    for m in specs:
+                        runs[m.label][-1].identical_to_none = None
+                    continue
                 ref = runs["none"][-1]
                 gaps: dict[int, tuple[float, float | None]] = {}  # methods leaving none at one token share its gaps
                 for m in specs:
@@ -426,7 +444,8 @@ def run_bench(
                    max_tokens=max_tokens, threads=engine.n_threads, repack=engine.repack_mode,
                    llama_cpp_repack=tools_repack if tool_peers else None, head=os.path.basename(head) if head else None,
                    huge_pages=engine.huge_pages, ngram=os.path.basename(engine.ngram_path) if engine.ngram_path else None,
-                   settle_s=pause, repeats=repeats, flash_attn=engine.flash_attn)
+                   settle_s=pause, repeats=repeats, flash_attn=engine.flash_attn, temperature=temperature,
+                   seed=seed if sampled else None)
 
 
 def _snapshot(path: str, suffix: str = ".before") -> str | None:
@@ -463,7 +482,8 @@ def _report(specs: list[MethodSpec], runs: dict[str, list[PromptRun]], skipped: 
             draft: str | None, suite: str, max_tokens: int, threads: int, repack: bool | str,
             llama_cpp_repack: bool | None = None, head: str | None = None,
             huge_pages: bool | None = None, ngram: str | None = None, settle_s: float | None = None,
-            repeats: int = 1, flash_attn: bool = False) -> BenchReport:
+            repeats: int = 1, flash_attn: bool = False, temperature: float = 0.0,
+            seed: int | None = None) -> BenchReport:
     peers = [m.label for m in specs if m.is_peer]
     modes = [m.label for m in specs if m.is_llama_cpp]
     results = [summarize(m.label, m.n_draft if m.n_draft is not None else _default_n_draft(m.name), m.is_peer,
@@ -483,7 +503,7 @@ def _report(specs: list[MethodSpec], runs: dict[str, list[PromptRun]], skipped: 
         best_suite_llama_cpp_mode=suite_mode,
         auto_vs_best_suite_llama_cpp=auto_vs_suite_mode,
         head=head, ngram=ngram, settle_s=settle_s,
-        repeats=repeats,
+        repeats=repeats, temperature=temperature, seed=seed,
     )  # fmt: skip
 
 
@@ -570,7 +590,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         args.target, args.draft, args.prompt or args.suite, n=args.n, max_tokens=args.max_tokens, methods=args.methods,
         n_draft=args.n_draft, n_threads=args.threads, n_ctx=args.n_ctx, progress=not args.no_progress,
         llama_cpp_bin=args.llama_cpp_bin, n_gpu_layers=args.n_gpu_layers, head=args.head, ngram=args.ngram,
-        settle_s=args.settle, repeats=args.repeats, **engine_options(args),
+        settle_s=args.settle, repeats=args.repeats, temperature=args.temperature, seed=args.seed,
+        **engine_options(args),
     )
     for method, why in report.skipped.items():
         print(f"pyspec bench: skipped {method}: {why}", file=sys.stderr)
@@ -620,6 +641,10 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--repeats", type=int, default=1, metavar="R",
                    help="runs of every method per prompt, interleaved; the run with the median decode tok/s is "
                         "kept (default 1; 3 damps the noise that favours 'the best llama.cpp mode of each prompt')")
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                   help="sample at temperature T, every method and peer alike (top-k, top-p, min-p off; default 0: "
+                        "greedy, with each output checked against none's)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed for every run (default 0)")
     p.add_argument("--head", default=None, metavar="PATH",
                    help="draft head GGUF (`pyspec train-head`) for method redrafter and for auto to weigh "
                         "(auto:no-head leaves it out)")

@@ -35,10 +35,12 @@ TOOL_TIMEOUT_S = 1800.0
 
 
 class PythonPeer:
-    """A llama-cpp-python model generating greedily from token ids."""
+    """A llama-cpp-python model generating from token ids: greedily, or at temperature > 0 by plain
+    temperature sampling (top-k, top-p and min-p off) from the seed."""
 
     def __init__(self, model_path: str, *, n_ctx: int, n_threads: int, repack: bool, n_draft: int | None,
-                 pld: bool, flash_attn: bool = False) -> None:
+                 pld: bool, flash_attn: bool = False, temperature: float = 0.0, seed: int = 0) -> None:
+        self.temperature, self.seed = temperature, seed
         import llama_cpp
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
@@ -57,10 +59,13 @@ class PythonPeer:
         self._is_eog = lambda token: bool(llama_cpp.llama_vocab_is_eog(vocab, token))
 
     def generate(self, prompt_tokens: list[int], max_tokens: int) -> tuple[list[int], str]:
-        """Greedy tokens after prompt_tokens, without the end-of-generation token (as pyspec)."""
+        """The tokens after prompt_tokens, without the end-of-generation token (as pyspec)."""
         self.llm.reset()  # evaluate the whole prompt every time, as pyspec does
+        self.llm.set_seed(self.seed)
         tokens: list[int] = []
-        gen = self.llm.generate(prompt_tokens, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0)
+        sampled = self.temperature > 0
+        gen = self.llm.generate(prompt_tokens, temp=self.temperature if sampled else 0.0, top_k=0 if sampled else 1,
+                                top_p=1.0, min_p=0.0, repeat_penalty=1.0)
         try:
             for token in gen:
                 if self._is_eog(token):

@@ -38,7 +38,7 @@ class PromptRun:
     tokens_per_second: float  # n_generated / wall_s
     finish_reason: str
     tokens: list[int]  # empty for llama.cpp tools (they print text)
-    identical_to_none: bool = True
+    identical_to_none: bool | None = True  # None: a sampled run (bench.run_bench's temperature)
     divergence_index: int | None = None  # first token of none's output that differs
     top2_logit_gap: float | None = None  # target's top-2 logit gap at the divergence (context in one batch)
     # The same gap with the context evaluated one token at a time, as plain decoding does; only
@@ -89,7 +89,7 @@ class MethodSummary:
     draft_time_share: float | None  # draft time / generation time, pooled; None for peers
     verify_time_share: float | None
     plain_step_share: float | None  # target calls with no draft / all target calls, pooled
-    greedy_identical: int  # prompts whose output equals none's
+    greedy_identical: int  # prompts whose output equals none's (0 when sampled: not checked)
     n_prompts: int
     decode_tokens_per_second: float | None = None  # median; None when the method has no decode figure
     decode_speedup_vs_none: float | None = None  # median of per-prompt decode ratios
@@ -128,6 +128,8 @@ class BenchReport:
     settle_s: float | None = None  # the pause before each run (None: older reports, which had none)
     repeats: int = 1  # runs of each method per prompt; the median one is reported (bench.run_bench)
     flash_attn: bool = False  # Engine.flash_attn, which every peer followed (older reports: off, as then always)
+    temperature: float = 0.0  # 0: greedy (older reports: always); above 0 every method and peer sampled at it
+    seed: int | None = None  # the sampling seed of every run (None: greedy)
     timing: str = TIMING_NOTE
     decode_timing: str = DECODE_NOTE
     speedup: str = SPEEDUP_NOTE
@@ -226,7 +228,7 @@ def summarize(label: str, n_draft: int | None, is_peer: bool, xs: list[PromptRun
         speedup_vs_peers={p: _median_ratio(xs, [r.tokens_per_second for r in runs[p]], _wall) or 0.0 for p in peers},
         acceptance_rate=acceptance, tokens_per_target_call=tpc, draft_time_share=draft_share,
         verify_time_share=verify_share, plain_step_share=plain_share,
-        greedy_identical=sum(x.identical_to_none for x in xs), n_prompts=len(xs),
+        greedy_identical=sum(x.identical_to_none is True for x in xs), n_prompts=len(xs),
         decode_tokens_per_second=statistics.median(decode) if len(decode) == len(xs) else None,
         decode_speedup_vs_none=_median_ratio(xs, [r.decode_tokens_per_second for r in none], _decode),
         decode_speedup_vs_llama_cpp=_median_ratio(xs, plain, _decode) if plain else None,
@@ -252,6 +254,13 @@ def _repack_text(repack: bool | str) -> str:
     return {"all": "on", "weights": "weights only (no AMX)"}.get(repack, repack)
 
 
+def _decoding_text(report: BenchReport) -> str:
+    if report.temperature <= 0:
+        return "greedy"
+    return (f"sampled at temperature {report.temperature:g} (top-k, top-p, min-p off; seed {report.seed}; outputs "
+            "differ between methods by design, identity with none not checked)")
+
+
 def format_markdown(report: BenchReport, python_peers: tuple[str, ...] = ("peer-llama-cpp", "peer-pld")) -> str:
     peers = [r.method for r in report.results if r.method.split(":")[0] in python_peers]
     with_llama_cpp = bool(report.llama_cpp_modes)
@@ -260,7 +269,7 @@ def format_markdown(report: BenchReport, python_peers: tuple[str, ...] = ("peer-
         f"target {report.target}, draft {report.draft or '-'}" + (f", head {report.head}" if report.head else "")
         + (f", n-gram table {report.ngram}" if report.ngram else "")
         + f", suite {report.suite} ({report.n} prompts), "
-        f"greedy, chat template, {report.max_tokens} new tokens at most, {report.threads} threads, "
+        f"{_decoding_text(report)}, chat template, {report.max_tokens} new tokens at most, {report.threads} threads, "
         f"repack {_repack_text(report.repack)}"
         + (f", llama.cpp's tools repack {'on' if report.llama_cpp_repack else 'off'}"
            if report.llama_cpp_repack is not None else "")
@@ -291,13 +300,13 @@ def format_markdown(report: BenchReport, python_peers: tuple[str, ...] = ("peer-
             + (f"{_ratio(r.decode_speedup_vs_best_llama_cpp)} | " if with_llama_cpp else "")
             + f"{_fmt(r.acceptance_rate)} | {_fmt(r.tokens_per_target_call)} | "
             f"{'-' if r.plain_step_share is None else f'{100 * r.plain_step_share:.0f}%'} | {split} | "
-            f"{r.greedy_identical}/{r.n_prompts} |"
+            + ("- |" if report.temperature > 0 else f"{r.greedy_identical}/{r.n_prompts} |")
         )
     if with_llama_cpp:
         lines += ["", *_llama_cpp_section(report)]
     if report.skipped:
         lines += ["", "Skipped:"] + [f"- {m}: {why}" for m, why in report.skipped.items()]
-    divergences = [x for r in report.results for x in r.per_prompt if not x.identical_to_none]
+    divergences = [x for r in report.results for x in r.per_prompt if x.identical_to_none is False]
     if divergences:
         lines += ["", "Divergences from none (a small top-2 logit gap is a near-tie, not a verification error):"]
         lines += [f"- {x.method} {x.prompt_id}: first differs at token {x.divergence_index}, "

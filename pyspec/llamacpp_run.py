@@ -62,6 +62,10 @@ class ToolSettings:
     # Transparent huge pages for the tools' allocations, as the engine asks for its own (README,
     # Notes): glibc's malloc advises them when GLIBC_TUNABLES holds glibc.malloc.hugetlb=1.
     huge_pages: bool = True
+    # 0: greedy; above 0: plain temperature sampling (top-k, top-p and min-p off, as the engine's
+    # defaults) from the seed
+    temperature: float = 0.0
+    seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -88,9 +92,17 @@ class ToolRun:
         return self.text.encode("utf-8", "surrogateescape")
 
 
+def _sampling_args(settings: ToolSettings) -> list[str]:
+    if settings.temperature <= 0:
+        return ["--temp", "0"]
+    # the tools' other samplers (penalties, DRY, typical, XTC) are off by default
+    return ["--temp", f"{settings.temperature:g}", "--top-k", "0", "--top-p", "1", "--min-p", "0",
+            "--seed", str(settings.seed)]
+
+
 def _common_args(settings: ToolSettings, prompt_file: Path) -> list[str]:
     args = [
-        "-m", settings.model, "-bf", str(prompt_file), "--no-escape", "--temp", "0",
+        "-m", settings.model, "-bf", str(prompt_file), "--no-escape", *_sampling_args(settings),
         "-t", str(settings.n_threads), "-tb", str(settings.n_threads), "-c", str(settings.n_ctx),
         # speculative-simple needs the whole prompt in one logical batch; the physical batch is the engine's
         "-b", str(max(settings.n_ctx, settings.n_ubatch)), "-ub", str(settings.n_ubatch),
@@ -256,7 +268,8 @@ def _execute(tool: Path, args: list[str], env: dict[str, str], parse: Callable[[
 
 def run_completion(bin_dir: Path, settings: ToolSettings, prompt_file: Path, max_tokens: int,
                    timeout_s: float | None = None) -> ToolRun:
-    """Plain greedy generation of at most max_tokens tokens after the prompt in prompt_file."""
+    """Plain generation (greedy, or sampled as settings say) of at most max_tokens tokens after the
+    prompt in prompt_file."""
     return _execute(bin_dir / COMPLETION, completion_args(settings, prompt_file, max_tokens), tool_env(settings),
                     lambda out, err: parse_completion(out, err, max_tokens), timeout_s)
 
@@ -264,7 +277,8 @@ def run_completion(bin_dir: Path, settings: ToolSettings, prompt_file: Path, max
 def run_speculative(bin_dir: Path, settings: ToolSettings, prompt_file: Path, max_tokens: int, spec_type: str,
                     draft: str | None = None, n_draft: int | None = None,
                     timeout_s: float | None = None) -> ToolRun:
-    """Greedy speculative generation (`--spec-type spec_type`) of at least max_tokens tokens."""
+    """Speculative generation (`--spec-type spec_type`; greedy, or sampled as settings say) of at
+    least max_tokens tokens."""
     prompt = Path(prompt_file).read_bytes()
     return _execute(bin_dir / SPECULATIVE, speculative_args(settings, prompt_file, max_tokens, spec_type, draft, n_draft),
                     tool_env(settings), lambda out, err: parse_speculative(out, err, prompt, max_tokens), timeout_s)

@@ -442,6 +442,35 @@ def test_repeats_start_from_what_auto_had_learnt_before_the_prompt(tiny_target: 
     assert per_prompt[1][0][1] > per_prompt[0][0][1]  # prompt 0's steps go on to prompt 1
 
 
+def test_sampled_bench_reaches_every_method_with_its_seed(tiny_target: str) -> None:
+    """run_bench(temperature=...): every method and peer samples (its outputs leave the greedy
+    ones) from the seed (the same seed gives the same outputs, another seed others); identity with
+    none is not checked (None, "-" in the table, no divergences listed). auto and lookup verify
+    one-hot proposals with one draw per token, so for a seed they sample none's very tokens."""
+    def go(seed: int, temperature: float = 1.0) -> BenchReport:
+        return run_bench(tiny_target, None, PROMPTS[:2], max_tokens=12, methods="none,auto,lookup:4,peer-llama-cpp",
+                         n_threads=2, n_ctx=512, progress=False, temperature=temperature, seed=seed)
+
+    def tokens(report: BenchReport) -> dict[str, list[list[int]]]:
+        return {r.method: [x.tokens for x in r.per_prompt] for r in report.results}
+
+    first, again, other, greedy = go(1), go(1), go(2), go(1, temperature=0.0)
+    assert tokens(first) == tokens(again)
+    for method, outputs in tokens(first).items():
+        assert outputs != tokens(other)[method] and outputs != tokens(greedy)[method], method
+    assert tokens(first)["auto"] == tokens(first)["none"] == tokens(first)["lookup:4"]
+    assert (first.temperature, first.seed, greedy.temperature, greedy.seed) == (1.0, 1, 0.0, None)
+    assert all(x.identical_to_none is None for r in first.results for x in r.per_prompt)
+    assert all(x.identical_to_none is True for x in greedy.result("lookup:4").per_prompt)
+    text = format_markdown(first)
+    assert "sampled at temperature 1 (top-k, top-p, min-p off; seed 1;" in text.splitlines()[0]
+    rows = [line for line in text.splitlines() if line.startswith("| none |") or line.startswith("| auto |")]
+    assert len(rows) == 2 and all(row.endswith("| - |") for row in rows) and "Divergences" not in text
+    assert "greedy, chat template" in format_markdown(greedy).splitlines()[0]
+    with pytest.raises(ValueError, match="temperature must be a finite number >= 0, got -0.5"):
+        run_bench(tiny_target, None, ["hi"], max_tokens=2, methods="none", temperature=-0.5, progress=False)
+
+
 def _benchmark_script(name: str) -> Any:
     """benchmarks/NAME.py loaded as a module (the scripts are not a package)."""
     import importlib.util

@@ -107,6 +107,13 @@ def test_tool_arguments_carry_the_engine_settings(tmp_path: Path) -> None:
     # -n N generates at least N + 1 tokens; the draft is the same GGUF pyspec uses
     assert "-n 191" in joined and "--spec-type draft-simple" in joined and "-md d.gguf" in joined
     assert "--spec-draft-n-max 4" in joined and "--no-repack" not in joined
+    # sampling: plain temperature sampling from the seed, the tools' top-k, top-p and min-p off
+    sampled = ToolSettings(model="t.gguf", n_ctx=4096, n_threads=2, repack=True, temperature=0.7, seed=5)
+    for args in (completion_args(sampled, tmp_path / "p.txt", 192),
+                 speculative_args(sampled, tmp_path / "p.txt", 192, "ngram-mod")):
+        joined = " ".join(args)
+        assert "--temp 0.7 --top-k 0 --top-p 1 --min-p 0 --seed 5" in joined and "--temp 0 " not in joined
+    assert "--seed" not in " ".join(completion_args(settings, tmp_path / "p.txt", 192))
 
 
 # -- finding and building the tools ------------------------------------------------------------
@@ -241,6 +248,21 @@ def test_real_tools_on_the_tiny_models(tiny_target: str, tiny_drafts: dict[str, 
     assert set(report.best_llama_cpp_mode) == {"custom/0", "custom/1"}
     assert none.decode_speedup_vs_llama_cpp is not None and report.none_vs_llama_cpp == none.decode_speedup_vs_llama_cpp
     assert "Against llama.cpp's own tools" in format_markdown(report)
+
+
+@pytest.mark.skipif(_built_tools() is None, reason="llama.cpp's tools are not built (benchmarks/build_llama_cpp.py)")
+def test_real_tools_sample_from_the_seed(tiny_target: str) -> None:
+    """With a temperature the tools sample: the same seed gives the same text, another seed or
+    greedy decoding another."""
+    def texts(temperature: float, seed: int) -> list[str | None]:
+        report = run_bench(tiny_target, None, ["the cat sat on the mat, the cat sat on the"], max_tokens=10,
+                           methods="none,llama.cpp,llama.cpp-ngram-mod", n_threads=2, n_ctx=512, progress=False,
+                           settle_s=0.1, temperature=temperature, seed=seed)
+        assert all(r.decode_tokens_per_second for r in report.results)
+        return [r.per_prompt[0].text for r in report.results[1:]]
+
+    first, again, other, greedy = texts(1.0, 3), texts(1.0, 3), texts(1.0, 4), texts(0.0, 3)
+    assert first == again and all(first) and first != other and first != greedy
 
 
 def test_speculative_run_past_the_limit_and_its_speed_within_it() -> None:
