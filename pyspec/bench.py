@@ -6,8 +6,8 @@ method is warmed up first; decoding is greedy (or sampled at a temperature: ever
 alike, top-k, top-p and min-p off) through the chat template. Methods that use the
 phrase pool keep one pool per method across the prompts (history reuse as in serving; a
 method never sees another method's answer to the same prompt). Besides pyspec's own methods,
-peers run with the same threads, context size, weight-repacking setting and greedy decoding
-(`pyspec.bench_peers`): llama-cpp-python's plain generation and prompt-lookup decoding on the
+peers run with the same threads, context size, weight-repacking setting and decoding (greedy or
+sampled; `pyspec.bench_peers`): llama-cpp-python's plain generation and prompt-lookup decoding on the
 same prompt tokens, and llama.cpp's own tools (`llama-completion`, `llama-speculative-simple` in
 its n-gram and draft-model modes) on the same prompt text.
 
