@@ -200,7 +200,7 @@ def decode_tokens_per_second(stats: "GenerationStats", finish_reason: str) -> fl
 
 
 def _run_pyspec(engine: "Engine", m: MethodSpec, prompt_id: str, prompt_tokens: list[int],
-                max_tokens: int, temperature: float = 0.0, seed: int = 0) -> PromptRun:
+                max_tokens: int, temperature: float = 0.0, seed: int | None = None) -> PromptRun:
     t0 = time.perf_counter()
     r = engine.generate(prompt_tokens, max_tokens=max_tokens, method=m.name, n_draft=m.n_draft,
                         temperature=temperature, seed=seed, **dict(m.options))
@@ -255,7 +255,7 @@ def run_bench(
     repeats: int = 1,
     flash_attn: bool = False,
     temperature: float = 0.0,
-    seed: int = 0,
+    seed: int | None = None,
 ) -> BenchReport:
     """Runs every method on the same prompts, interleaved per prompt, greedy by default.
 
@@ -284,10 +284,12 @@ def run_bench(
     run's pool goes on to the next prompt, and what the last repeat learnt. The median damps one
     slow or fast run, and with it the advantage that "the best llama.cpp mode of each
     prompt" (a maximum over several noisy runs) otherwise takes from noise alone.
-    temperature: above 0, every method and peer samples at it (top-k, top-p and min-p off) from
-    seed, the same for every run; the outputs then differ between methods by design (each draws
-    its own random numbers), so no identity with none is checked (PromptRun.identical_to_none is
-    None): the target's distribution is what sampled methods keep, tested statistically in
+    temperature: above 0, every method and peer samples at it (top-k, top-p and min-p off); seed:
+    the seed of every sampled run (reproducible outputs; auto then leaves the draft model out, as
+    for any seeded sampled request), None: each run draws from its own random stream. Sampled
+    outputs differ between methods by design (each draws its own random numbers), so no identity
+    with none is checked (PromptRun.identical_to_none is None): the target's distribution is what
+    sampled methods keep, tested statistically in
     tests/test_sampling.py and tests/test_auto.py.
     """
     from tqdm import tqdm
@@ -644,7 +646,9 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--temperature", type=float, default=0.0, metavar="T",
                    help="sample at temperature T, every method and peer alike (top-k, top-p, min-p off; default 0: "
                         "greedy, with each output checked against none's)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed for every run (default 0)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="with --temperature: seed every run with S (reproducible outputs; auto then leaves the draft "
+                        "model out, as for any seeded sampled request); default: each run its own random stream")
     p.add_argument("--head", default=None, metavar="PATH",
                    help="draft head GGUF (`pyspec train-head`) for method redrafter and for auto to weigh "
                         "(auto:no-head leaves it out)")

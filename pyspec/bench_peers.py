@@ -36,10 +36,10 @@ TOOL_TIMEOUT_S = 1800.0
 
 class PythonPeer:
     """A llama-cpp-python model generating from token ids: greedily, or at temperature > 0 by plain
-    temperature sampling (top-k, top-p and min-p off) from the seed."""
+    temperature sampling (top-k, top-p and min-p off), from the seed when one is given."""
 
     def __init__(self, model_path: str, *, n_ctx: int, n_threads: int, repack: bool, n_draft: int | None,
-                 pld: bool, flash_attn: bool = False, temperature: float = 0.0, seed: int = 0) -> None:
+                 pld: bool, flash_attn: bool = False, temperature: float = 0.0, seed: int | None = None) -> None:
         self.temperature, self.seed = temperature, seed
         import llama_cpp
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
@@ -61,7 +61,8 @@ class PythonPeer:
     def generate(self, prompt_tokens: list[int], max_tokens: int) -> tuple[list[int], str]:
         """The tokens after prompt_tokens, without the end-of-generation token (as pyspec)."""
         self.llm.reset()  # evaluate the whole prompt every time, as pyspec does
-        self.llm.set_seed(self.seed)
+        if self.seed is not None:
+            self.llm.set_seed(self.seed)
         tokens: list[int] = []
         sampled = self.temperature > 0
         gen = self.llm.generate(prompt_tokens, temp=self.temperature if sampled else 0.0, top_k=0 if sampled else 1,

@@ -129,7 +129,7 @@ class BenchReport:
     repeats: int = 1  # runs of each method per prompt; the median one is reported (bench.run_bench)
     flash_attn: bool = False  # Engine.flash_attn, which every peer followed (older reports: off, as then always)
     temperature: float = 0.0  # 0: greedy (older reports: always); above 0 every method and peer sampled at it
-    seed: int | None = None  # the sampling seed of every run (None: greedy)
+    seed: int | None = None  # the sampling seed of every run (None: greedy, or each run its own stream)
     timing: str = TIMING_NOTE
     decode_timing: str = DECODE_NOTE
     speedup: str = SPEEDUP_NOTE
@@ -257,8 +257,9 @@ def _repack_text(repack: bool | str) -> str:
 def _decoding_text(report: BenchReport) -> str:
     if report.temperature <= 0:
         return "greedy"
-    return (f"sampled at temperature {report.temperature:g} (top-k, top-p, min-p off; seed {report.seed}; outputs "
-            "differ between methods by design, identity with none not checked)")
+    seed = "unseeded" if report.seed is None else f"seed {report.seed}"
+    return (f"sampled at temperature {report.temperature:g} (top-k, top-p, min-p off; {seed}; outputs differ between "
+            "methods by design, identity with none not checked)")
 
 
 def format_markdown(report: BenchReport, python_peers: tuple[str, ...] = ("peer-llama-cpp", "peer-pld")) -> str:

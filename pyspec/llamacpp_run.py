@@ -63,9 +63,9 @@ class ToolSettings:
     # Notes): glibc's malloc advises them when GLIBC_TUNABLES holds glibc.malloc.hugetlb=1.
     huge_pages: bool = True
     # 0: greedy; above 0: plain temperature sampling (top-k, top-p and min-p off, as the engine's
-    # defaults) from the seed
+    # defaults), from the seed when one is given (else the tool's own random seed)
     temperature: float = 0.0
-    seed: int = 0
+    seed: int | None = None
 
 
 @dataclass(frozen=True)
@@ -96,8 +96,8 @@ def _sampling_args(settings: ToolSettings) -> list[str]:
     if settings.temperature <= 0:
         return ["--temp", "0"]
     # the tools' other samplers (penalties, DRY, typical, XTC) are off by default
-    return ["--temp", f"{settings.temperature:g}", "--top-k", "0", "--top-p", "1", "--min-p", "0",
-            "--seed", str(settings.seed)]
+    args = ["--temp", f"{settings.temperature:g}", "--top-k", "0", "--top-p", "1", "--min-p", "0"]
+    return args if settings.seed is None else [*args, "--seed", str(settings.seed)]
 
 
 def _common_args(settings: ToolSettings, prompt_file: Path) -> list[str]:

@@ -114,6 +114,9 @@ def test_tool_arguments_carry_the_engine_settings(tmp_path: Path) -> None:
         joined = " ".join(args)
         assert "--temp 0.7 --top-k 0 --top-p 1 --min-p 0 --seed 5" in joined and "--temp 0 " not in joined
     assert "--seed" not in " ".join(completion_args(settings, tmp_path / "p.txt", 192))
+    unseeded = ToolSettings(model="t.gguf", n_ctx=4096, n_threads=2, repack=True, temperature=0.7)
+    joined = " ".join(completion_args(unseeded, tmp_path / "p.txt", 192))
+    assert "--temp 0.7 --top-k 0 --top-p 1 --min-p 0" in joined and "--seed" not in joined  # the tool's own seed
 
 
 # -- finding and building the tools ------------------------------------------------------------
