@@ -646,7 +646,7 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--temperature", type=float, default=0.0, metavar="T",
                    help="sample at temperature T, every method and peer alike (top-k, top-p, min-p off; default 0: "
                         "greedy, with each output checked against none's)")
-    p.add_argument("--seed", type=int, default=None,
+    p.add_argument("--seed", type=int, default=None, metavar="S",
                    help="with --temperature: seed every run with S (reproducible outputs; auto then leaves the draft "
                         "model out, as for any seeded sampled request); default: each run its own random stream")
     p.add_argument("--head", default=None, metavar="PATH",
