@@ -16,6 +16,8 @@ records, so reports written before a figure existed get it too.
     # runs of the same prompts made apart (whole suites, parts, --repeats runs): every run of a
     # prompt pooled, the median one kept; with --noise-floor, that figure's floor
     python benchmarks/vs_llama_cpp_summary.py --pool run1_part1.json run1_part2.json run2.json
+    # the floor a bench with one run per prompt would have at these runs' spread
+    python benchmarks/vs_llama_cpp_summary.py --noise-floor --runs 1 --pool run1_part1.json run1_part2.json run2.json
 
 The best mode of each prompt is the fastest of several noisy runs; where every mode decodes at
 about plain speed (chat, GSM8K) that maximum sits above any one mode's typical run. The suite's
@@ -216,12 +218,15 @@ def noise_floor(sd: float, n_runs: int, n_modes: int, n_prompts: int, rounds: in
     return statistics.median(suites), suites[int(0.05 * rounds)], suites[int(0.95 * rounds)]
 
 
-def noise_floor_row(report: dict, name: str) -> str:
+def noise_floor_row(report: dict, name: str, runs: int | None = None) -> str:
+    """The report's noise floor; with runs, the floor for that many runs per prompt at the
+    report's spread (what a one-run bench would read, say)."""
     modes = report.get("llama_cpp_modes", [])
     spread = run_spread(report)
     if spread is None or not modes:
         return f"| {name} | {report['suite']} | - | - | - |"
     sd, n_runs = spread
+    n_runs = runs or n_runs
     median, lo, hi = noise_floor(sd, n_runs, len(modes), report["n"])
     return f"| {name} | {report['suite']} | {n_runs} | {sd:.3f} | {median:.2f}x ({lo:.2f}-{hi:.2f}) |"
 
@@ -237,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--noise-floor", action="store_true",
                         help="instead of the figures: the first figure's value when every method decodes at "
                              "one speed, from the report's run-to-run spread (module docstring)")
+    parser.add_argument("--runs", type=int, default=None, metavar="N",
+                        help="with --noise-floor: the floor for N runs per prompt at the report's spread (default: "
+                             "the report's own runs per prompt)")
     parser.add_argument("--pool", action="store_true",
                         help="the reports are runs of the same suite made apart (whole, in parts, with --repeats): "
                              "one row, every run of a prompt pooled and the median one kept")
@@ -246,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.merge and args.pool:
         parser.error("--merge and --pool are two ways to make one report: choose one")
+    if args.runs is not None and (not args.noise_floor or args.runs < 1):
+        parser.error("--runs N (N >= 1) goes with --noise-floor")
     if args.common_methods and not (args.merge or args.pool):
         parser.error("--common-methods goes with --merge or --pool")
     m = args.method
@@ -267,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
               "auto / best mode of each prompt at equal speeds: median (90% range) |")
         print("|---|---|---|---|---|")
         for name, report in reports:
-            print(noise_floor_row(report, name))
+            print(noise_floor_row(report, name, args.runs))
         return 0
     print(f"| report | suite | prompts | runs per prompt | {m} / best mode of each prompt | "
           f"{m} / the suite's best mode | none / llama.cpp plain | {m} / none |")

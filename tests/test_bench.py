@@ -542,6 +542,9 @@ def test_vs_llama_cpp_summary_noise_floor() -> None:
     assert module.noise_floor(0.1, 3, 4, 20, rounds=400) == (four, lo, hi)  # seeded
     row = module.noise_floor_row(report, "r").split(" | ")
     assert row[1:4] == ["s", "2", "0.050"]
+    # runs: the floor for that many runs per prompt at the report's spread (fewer runs: lower)
+    one = module.noise_floor_row(report, "r", runs=1).split(" | ")
+    assert one[1:4] == ["s", "1", "0.050"] and float(one[4][:4]) < float(row[4][:4])
 
 
 def test_vs_llama_cpp_summary_script_picks_one_mode_for_the_suite() -> None:
