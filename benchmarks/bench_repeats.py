@@ -16,7 +16,7 @@ import json
 import statistics
 import sys
 
-from pyspec.bench_report import PromptRun, runs_from_report, versus_best_llama_cpp
+from pyspec.bench.report import PromptRun, runs_from_report, versus_best_llama_cpp
 
 
 def summarize(report: dict) -> list[str]:

@@ -14,7 +14,7 @@ C/C++ compiler; without them, or when the build fails, it says why and exits wit
 
 import sys
 
-from pyspec.llamacpp import main
+from pyspec.bench.llamacpp import main
 
 if __name__ == "__main__":
     sys.exit(main())

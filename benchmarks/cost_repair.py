@@ -39,7 +39,7 @@ from pathlib import Path
 from pyspec import Engine, GenerationConfig, _core
 from pyspec.calibration import CostCurve
 from pyspec.config import DEFAULT_DRAFT, DEFAULT_TARGET
-from pyspec.bench import _top2_gap
+from pyspec.bench.runner import _top2_gap
 from pyspec.data import load_suite
 
 ARMS = ("quiet", "stale", "repaired")

@@ -20,7 +20,7 @@ import statistics
 from pathlib import Path
 
 from pyspec import Engine
-from pyspec.bench import ENGINE_N_BATCH, _top2_gap, decode_tokens_per_second, suite_prompts
+from pyspec.bench.runner import ENGINE_N_BATCH, _top2_gap, decode_tokens_per_second, suite_prompts
 
 
 def _gap(gap: float | None) -> str:

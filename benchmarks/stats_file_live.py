@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 import pyspec
-from pyspec.bench import ENGINE_N_BATCH, _top2_gap, decode_tokens_per_second
+from pyspec.bench.runner import ENGINE_N_BATCH, _top2_gap, decode_tokens_per_second
 from pyspec.data import load_suite
 
 

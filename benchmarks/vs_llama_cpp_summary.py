@@ -41,7 +41,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from pyspec.bench import median_run
-from pyspec.bench_report import runs_from_report, versus_best_llama_cpp, versus_best_suite_llama_cpp
+from pyspec.bench.report import runs_from_report, versus_best_llama_cpp, versus_best_suite_llama_cpp
 from pyspec.data import parse_suite_slice
 
 

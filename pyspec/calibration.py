@@ -15,7 +15,6 @@ few steps. `pyspec calibrate --force` measures a clean prior again.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import logging
@@ -27,8 +26,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import _core
-from .cli import add_engine_options, engine_options
-from .config import DEFAULT_DRAFT, DEFAULT_TARGET
 from .fetch import Cache
 
 if TYPE_CHECKING:
@@ -199,40 +196,3 @@ def ensure(engine: "Engine", draft: str | None, *, force: bool = False, repeats:
     else:
         engine._core.set_cost(use_draft, curve._core(), name)
     return curve
-
-
-def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from .engine import Engine
-
-    with Engine(args.target, draft=args.draft or None, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
-                **engine_options(args)) as engine:
-        curves = engine.calibrate(force=args.force, repeats=args.repeats)
-    payload = {name: {"n_tokens": list(c.n_tokens), "ms": [round(t, 2) for t in c.ms]} for name, c in curves.items()}
-    if args.json:
-        print(json.dumps(payload))
-        return 0
-    for name, c in curves.items():
-        print(f"{name}: one decode of k tokens (ms, and relative to k=1)")
-        print("  k    " + " ".join(f"{k:>7d}" for k in c.n_tokens))
-        print("  ms   " + " ".join(f"{t:7.1f}" for t in c.ms))
-        print("  x1   " + " ".join(f"{r:7.2f}" for r in c.relative()))
-    return 0
-
-
-def register_cli(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "calibrate", help="measure (and cache) the cost of decoding k tokens, for method auto",
-        description="Times one decode of 1..32 tokens for the target (all logits rows) and the draft "
-                    "(last row) with these threads and offload, and caches the curves; method auto "
-                    "loads them (or measures on first use).")
-    p.add_argument("--target", default=DEFAULT_TARGET, help=f"GGUF path or registry name (default {DEFAULT_TARGET})")
-    p.add_argument("--draft", default=DEFAULT_DRAFT,
-                   help=f"GGUF path or registry name, '' for none (default {DEFAULT_DRAFT})")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
-    p.add_argument("--n-gpu-layers", type=int, default=None,
-                   help="layers to offload, -1 all (GPU builds only; default $PYSPEC_N_GPU_LAYERS, else 0)")
-    add_engine_options(p)
-    p.add_argument("--repeats", type=int, default=3, help="rounds over all sizes; the median is kept (default 3)")
-    p.add_argument("--force", action="store_true", help="measure again even when a cached curve exists")
-    p.add_argument("--json", action="store_true", help="print the curves as JSON")
-    p.set_defaults(handler=_cmd_calibrate)

@@ -128,7 +128,7 @@ def test_each_lookup_setting_learns_apart(tiny_target: str) -> None:
 
 def _cli(*args: str, cache: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYSPEC_CACHE": str(cache)}
-    return subprocess.run([sys.executable, "-c", "import sys; from pyspec.cli import main; sys.exit(main())", *args],
+    return subprocess.run([sys.executable, "-c", "import sys; from pyspec.cli.main import main; sys.exit(main())", *args],
                           capture_output=True, text=True, timeout=300, cwd=Path(__file__).parent, env=env)
 
 

@@ -221,8 +221,8 @@ def test_plot_without_matplotlib_says_how_to_install(report: BenchReport, tmp_pa
 def test_ratios_against_the_best_llama_cpp_mode_of_each_prompt() -> None:
     """Hand-made runs: decode tok/s per prompt, the best llama.cpp mode picked per prompt (plain
     included), medians of per-prompt ratios in the summaries, the report and the markdown."""
-    from pyspec.bench import _report
-    from pyspec.bench_report import PromptRun
+    from pyspec.bench.runner import _report
+    from pyspec.bench.report import PromptRun
 
     decode = {  # method -> decode tok/s on prompts 0, 1, 2
         "none": [10.0, 10.0, 10.0], "auto": [30.0, 12.0, 20.0],
@@ -256,7 +256,7 @@ def test_ratios_against_the_best_llama_cpp_mode_of_each_prompt() -> None:
             "the highest median) 1.25x. Best mode per prompt:") in table
     assert "| s/0 | 100 | 10.0 | 30.0 | 11.0 | 20.0 | 24.0 | llama.cpp-ngram-simple | 1.25x |" in table
     assert "| decode tok/s | decode vs none | decode vs llama.cpp | decode vs best llama.cpp mode |" in table
-    # the repacking settings of both sides are stated (on AMX CPUs they can differ, pyspec.llamacpp)
+    # the repacking settings of both sides are stated (on AMX CPUs they can differ, pyspec.bench.llamacpp)
     assert "repack on" in table.splitlines()[0] and "llama.cpp's tools" not in table.splitlines()[0]
     weights = _report(specs, runs, {}, target="t", draft=None, suite="s", max_tokens=50, threads=2,
                       repack="weights", llama_cpp_repack=False)
@@ -273,8 +273,9 @@ def test_divergence_off_a_near_tie_is_measured_again_one_token_at_a_time(
     numerics too (the context one token at a time); below NEAR_TIE only the batched gap is taken."""
     import numpy as np
 
-    from pyspec import Engine, bench
-    from pyspec.bench_report import PromptRun
+    from pyspec import Engine
+    from pyspec.bench import runner as bench
+    from pyspec.bench.report import PromptRun
 
     with Engine(tiny_target, n_ctx=256, n_threads=2, prefix_cache=False) as engine:
         prompt = engine.tokenize("the cat sat on the mat")
@@ -333,8 +334,8 @@ def test_a_text_divergence_at_a_longer_token_is_placed_where_the_tool_left() -> 
     tool that wrote another token where none wrote ` +` is placed at ` +`."""
     import numpy as np
 
-    from pyspec import bench
-    from pyspec.bench_report import PromptRun
+    from pyspec.bench import runner as bench
+    from pyspec.bench.report import PromptRun
 
     vocab = [b"x", b")", b" +", b"))", b" 1", b"-"]
     prompt, none = [0], [0, 1, 2, 4]  # "x) + 1" after the prompt

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pyspec.cli import build_parser
+from pyspec.cli.main import build_parser
 from pyspec.demo import DemoRun, format_table
 
 STATS_KEYS = {"acceptance_rate", "tokens_per_target_call", "tokens_per_second", "n_target_calls", "n_drafted", "n_accepted"}
@@ -18,7 +18,7 @@ STATS_KEYS = {"acceptance_rate", "tokens_per_target_call", "tokens_per_second", 
 
 def pyspec_cli(*args: str) -> subprocess.CompletedProcess:
     # cwd: tests/, so that `python -c` imports the installed package, not the source tree beside it.
-    return subprocess.run([sys.executable, "-c", "import sys; from pyspec.cli import main; sys.exit(main())", *args],
+    return subprocess.run([sys.executable, "-c", "import sys; from pyspec.cli.main import main; sys.exit(main())", *args],
                           capture_output=True, text=True, timeout=300, cwd=Path(__file__).parent)
 
 
@@ -66,7 +66,7 @@ def test_repack_and_huge_pages_reach_the_engine(command: str, tiny_target: str, 
     Engine (serve through ServerSettings), and leaves Engine's defaults without them."""
     import pyspec.engine
     import pyspec.server.app
-    from pyspec.cli import main
+    from pyspec.cli.main import main
 
     made: list[dict] = []
 
@@ -135,7 +135,7 @@ def test_serve_online_flags_reach_the_training_settings() -> None:
     """pyspec serve --online-*: the flags become OnlineSettings and, through them, the
     distiller's DistillConfig (train_vocab, train_blocks, lr, threads); no --online: None."""
     from pyspec.online.config import DistillConfig
-    from pyspec.serve import online_settings
+    from pyspec.cli.serve import online_settings
 
     base = ["serve", "--target", "t.gguf", "--draft", "d.gguf"]
     assert online_settings(build_parser().parse_args(base)) is None
@@ -154,7 +154,7 @@ def test_serve_online_flags_reach_the_training_settings() -> None:
 def test_serve_refuses_a_save_interval_that_is_not_positive(flag: str, value: str, tiny_target: str,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     """A bad interval is refused by the command line, naming the flag, before any model loads."""
-    from pyspec.cli import main
+    from pyspec.cli.main import main
 
     with pytest.raises(SystemExit) as exit_info:
         main(["serve", "--target", tiny_target, flag, value])

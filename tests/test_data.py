@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from pyspec import data
+from pyspec.cli import data as cli_data
 from pyspec.data import Prompt, iter_json_array, load_suite, load_suite_file
 from pyspec.fetch import Cache, PipDownloader
 from pyspec.models import Registry
@@ -181,7 +182,7 @@ def test_registry_datasets_cover_every_suite() -> None:
 
 def _cli(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="pyspec")
-    data.register_cli(parser.add_subparsers(dest="command", required=True))
+    cli_data.register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     return args.handler(args)
 

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from pyspec import llamacpp
+from pyspec.bench import llamacpp
 from pyspec.bench import parse_methods, run_bench
-from pyspec.bench_report import format_markdown
+from pyspec.bench.report import format_markdown
 from pyspec.fetch import Cache
-from pyspec.llamacpp import LlamaCppToolsError, LlamaCppToolsMissing, find_tools
-from pyspec.llamacpp_run import (IncompleteOutput, ToolSettings, completion_args, parse_completion, parse_speculative,
+from pyspec.bench.llamacpp import LlamaCppToolsError, LlamaCppToolsMissing, find_tools
+from pyspec.bench.llamacpp_run import (IncompleteOutput, ToolSettings, completion_args, parse_completion, parse_speculative,
                                  speculative_args, tool_env)
 
 from test_cli import pyspec_cli

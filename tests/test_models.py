@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from pyspec import models
+from pyspec.cli import models as cli_models
 from pyspec.fetch import Cache, FetchError, PipDownloader
 from pyspec.models import (
     Registry,
@@ -280,7 +281,7 @@ def test_resolve_model(tmp_path: Path, local_index, monkeypatch: pytest.MonkeyPa
 
 def _cli(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="pyspec")
-    models.register_cli(parser.add_subparsers(dest="command", required=True))
+    cli_models.register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     return args.handler(args)
 

@@ -127,7 +127,7 @@ def test_auto_with_a_table_equals_plain_decoding(tiny_target: str, tmp_path: Pat
 
 
 def test_build_cli_writes_a_table_from_text_files(tiny_target: str, tmp_path: Path) -> None:
-    from pyspec.cli import main
+    from pyspec.cli.main import main
 
     text = tmp_path / "corpus.txt"
     text.write_text("the cat sat on the mat. " * 50, encoding="utf-8")

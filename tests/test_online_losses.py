@@ -255,7 +255,7 @@ def test_one_optimizer_step_lowers_the_loss(distillation_batch, name: str, top_k
 
 
 def test_importing_pyspec_does_not_import_torch(tmp_path) -> None:
-    code = ("import sys, pyspec, pyspec.cli, pyspec.models, pyspec.bench, pyspec.data; "
+    code = ("import sys, pyspec, pyspec.cli.main, pyspec.models, pyspec.bench, pyspec.data; "
             "assert 'torch' not in sys.modules, 'torch was imported'")
     # Not from the checkout's root: `python -c` puts the working directory first on sys.path, and
     # the source tree's pyspec/ has no compiled module.

@@ -140,7 +140,7 @@ def test_flash_attention_reaches_llama_cpp(q4_target: str) -> None:
 
 
 def test_tools_repack_only_when_built_without_amx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pyspec import llamacpp
+    from pyspec.bench import llamacpp
 
     monkeypatch.setattr(llamacpp, "cpu_has_amx", lambda: True)
     assert not llamacpp.tools_can_repack(tmp_path)

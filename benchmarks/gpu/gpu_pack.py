@@ -127,7 +127,7 @@ def _split_model(path: Path, layout: Layout, part_bytes: int) -> dict:
 def pack(layout: Layout, *, model: str | None, quick: bool, part_mb: float, cpu_reference: bool) -> None:
     from pyspec.config import DEFAULT_DRAFT, DEFAULT_TARGET
     from pyspec.fetch import Cache
-    from pyspec.llamacpp import LLAMA_CPP_COMMIT, download_sdist
+    from pyspec.bench.llamacpp import LLAMA_CPP_COMMIT, download_sdist
     from pyspec.models import resolve_model
 
     layout.carry.mkdir(parents=True, exist_ok=True)

@@ -450,7 +450,7 @@ def _assemble_model(ctx: RunContext, model: dict) -> Path | None:
 REAL_CODE = """
     import json, sys
     from pyspec.bench import run_bench
-    from pyspec.bench_report import format_markdown
+    from pyspec.bench.report import format_markdown
 
     model, prompts_file, methods, max_tokens, n_gpu_layers, out = sys.argv[1:7]
     prompts = [p["messages"] for p in json.load(open(prompts_file))]

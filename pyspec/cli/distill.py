@@ -10,7 +10,7 @@ import json
 import sys
 from typing import Any
 
-from .online.config import EXPORT_TYPES, TRAIN_BLOCKS_HELP, DistillConfig  # no torch: plain settings
+from ..online.config import EXPORT_TYPES, TRAIN_BLOCKS_HELP, DistillConfig  # no torch: plain settings
 
 
 def _acceptance(engine: Any, prompts: list[list[int]], max_tokens: int) -> float:
@@ -24,12 +24,12 @@ def _acceptance(engine: Any, prompts: list[list[int]], max_tokens: int) -> float
 
 
 def _cmd_distill(args: argparse.Namespace) -> int:
-    from .data import load_suite
-    from .cli import engine_options
-    from .engine import Engine
-    from .online import export_gguf, load_gguf
-    from .online.offline import distill_offline
-    from .online.trainer import frozen_tensor_names
+    from ..data import load_suite
+    from .options import engine_options
+    from ..engine import Engine
+    from ..online import export_gguf, load_gguf
+    from ..online.offline import distill_offline
+    from ..online.trainer import frozen_tensor_names
 
     config = DistillConfig(loss=args.loss, tau=args.tau, top_k=args.top_k, lr=args.lr, batch_size=args.batch_size,
                            train_vocab=args.train_vocab, train_blocks=args.train_blocks,
@@ -67,8 +67,8 @@ def _cmd_distill(args: argparse.Namespace) -> int:
     return 0
 
 
-def register_cli(subparsers: Any) -> None:
-    from .cli import add_engine_options
+def register(subparsers: Any) -> None:
+    from .options import add_engine_options
 
     p = subparsers.add_parser("distill", help="distil a draft model on a prompt suite (needs torch)")
     p.add_argument("--target", required=True, help="GGUF path or registry name")

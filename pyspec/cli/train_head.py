@@ -34,14 +34,14 @@ def run_train_head(args: argparse.Namespace) -> dict[str, Any]:
     import numpy as np
     import torch
 
-    from ..cli import engine_options
+    from .options import engine_options
     from ..config import DEFAULT_TARGET
     from ..engine import Engine
     from ..models import resolve_model
     from ..data import load_prompt_slices
-    from .data import DataConfig, iter_sequences, make_training_data, plan_sequences
-    from .gguf_io import export_head, load_head, new_head, read_target
-    from .train import TrainConfig, build_examples, coverage, is_held_out, kept_vocabulary, train_head, write_report
+    from ..head.data import DataConfig, iter_sequences, make_training_data, plan_sequences
+    from ..head.gguf_io import export_head, load_head, new_head, read_target
+    from ..head.train import TrainConfig, build_examples, coverage, is_held_out, kept_vocabulary, train_head, write_report
 
     target = resolve_model(args.target or DEFAULT_TARGET)
     out = Path(args.out)
@@ -190,8 +190,8 @@ def _floats(text: str) -> tuple[float, ...]:
     return tuple(float(x) for x in text.split(",") if x.strip())
 
 
-def register_cli(subparsers: Any) -> None:
-    from ..cli import add_engine_options
+def register(subparsers: Any) -> None:
+    from .options import add_engine_options
 
     p = subparsers.add_parser(
         "train-head", help="train a ReDrafter draft head for a target (method redrafter)",

@@ -15,7 +15,7 @@ the tools are built without AMX instructions (``0c1e570-noamx/bin``, marked by a
 so that they can repack their weights as pyspec's engine does (`Engine(repack=None)` repacks the
 matmul weights without AMX there): the peers run at their best, with the engine's setting.
 
-Running and reading the tools' reports is in `pyspec.llamacpp_run`.
+Running and reading the tools' reports is in `pyspec.bench.llamacpp_run`.
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ import tempfile
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from .engine import cpu_has_amx
-from .errors import SpecError
-from .fetch import PIP_ARGS_ENV, Cache
+from ..engine import cpu_has_amx
+from ..errors import SpecError
+from ..fetch import PIP_ARGS_ENV, Cache
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ AMX_OFF_MARKER = "AMX_OFF"
 LOG_TAIL_LINES = 25
 BUILD_HINT = (
     "build them once with `python benchmarks/build_llama_cpp.py` (in a pyspec checkout) or "
-    "`python -m pyspec.llamacpp`; this needs cmake and a C/C++ compiler and takes ~10 minutes on "
+    "`python -m pyspec.bench.llamacpp`; this needs cmake and a C/C++ compiler and takes ~10 minutes on "
     f"2 cores; or point ${BIN_ENV} at a directory holding {', '.join(TOOLS)}"
 )
 
@@ -233,8 +233,8 @@ def build_tools(cache: Cache | None = None, *, jobs: int | None = None, force: b
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m pyspec.llamacpp`: build the tools (skip with a message when that is impossible)."""
-    parser = argparse.ArgumentParser(prog="python -m pyspec.llamacpp", description=(
+    """`python -m pyspec.bench.llamacpp`: build the tools (skip with a message when that is impossible)."""
+    parser = argparse.ArgumentParser(prog="python -m pyspec.bench.llamacpp", description=(
         f"Build llama.cpp's {', '.join(TOOLS)} (commit {LLAMA_CPP_COMMIT}, from the llama-cpp-python "
         f"{LLAMA_CPP_PYTHON_VERSION} sdist) into pyspec's cache, for `pyspec bench`'s llama.cpp peers."))
     parser.add_argument("--jobs", "-j", type=int, default=None, help="parallel compile jobs (default: all cores)")

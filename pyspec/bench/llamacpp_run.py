@@ -1,5 +1,5 @@
 """Running llama.cpp's `llama-completion` and `llama-speculative-simple` on one prompt, and reading
-what they report (tool location and building: `pyspec.llamacpp`).
+what they report (tool location and building: `pyspec.bench.llamacpp`).
 
 Both tools get the prompt text as a binary file (`-bf`: no escape processing with --no-escape, no
 trailing newline dropped, as `-f` would) and tokenize it as the engine does (special tokens

@@ -4,7 +4,7 @@
   prompt-lookup decoding, in this process, from the same prompt token ids.
 - llama.cpp's own tools (`llama.cpp`, `llama.cpp-ngram-simple`, `llama.cpp-ngram-map-k`,
   `llama.cpp-ngram-mod`, `llama.cpp-draft`): `llama-completion` and `llama-speculative-simple`
-  built from the pinned llama.cpp (`pyspec.llamacpp`), one process per generation, from the same
+  built from the pinned llama.cpp (`pyspec.bench.llamacpp`), one process per generation, from the same
   prompt text (their prompt token count is checked against the engine's).
 """
 
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from .bench_report import PromptRun
+from .report import PromptRun
 from .llamacpp import LlamaCppToolsError
 from .llamacpp_run import ToolRun, ToolSettings, run_completion, run_speculative
 

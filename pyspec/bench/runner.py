@@ -7,20 +7,18 @@ alike, top-k, top-p and min-p off) through the chat template. Methods that use t
 phrase pool keep one pool per method across the prompts (history reuse as in serving; a
 method never sees another method's answer to the same prompt). Besides pyspec's own methods,
 peers run with the same threads, context size, weight-repacking setting and decoding (greedy or
-sampled; `pyspec.bench_peers`): llama-cpp-python's plain generation and prompt-lookup decoding on the
+sampled; `pyspec.bench.peers`): llama-cpp-python's plain generation and prompt-lookup decoding on the
 same prompt tokens, and llama.cpp's own tools (`llama-completion`, `llama-speculative-simple` in
 its n-gram and draft-model modes) on the same prompt text.
 
 Timing: tok/s is generated tokens / wall time of the generation with prompt processing, for every
 method; decode tok/s leaves prompt processing out, as each implementation measures it
-(bench_report.DECODE_NOTE). Results and their renderings: `pyspec.bench_report`.
+(report.DECODE_NOTE). Results and their renderings: `pyspec.bench.report`.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import importlib.util
 import logging
 import math
 import os
@@ -32,25 +30,24 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence, Union
 
-from .bench_peers import (LLAMA_CPP_DEFAULT_N_DRAFT, LLAMA_CPP_DRAFT, LLAMA_CPP_PEERS, PEER_PLD_N_DRAFT, PYTHON_PEERS,
+from .peers import (LLAMA_CPP_DEFAULT_N_DRAFT, LLAMA_CPP_DRAFT, LLAMA_CPP_PEERS, PEER_PLD_N_DRAFT, PYTHON_PEERS,
                           LlamaCppPeer, PythonPeer)
-from .bench_report import (BenchReport, MethodSummary, PromptRun, best_llama_cpp_runs, decode_within_limit,
-                           format_markdown, plot, plot_panels, read_json, summarize, versus_best_llama_cpp,
-                           versus_best_suite_llama_cpp, write_json)
-from .cli import add_engine_options, add_ngram_option, engine_options
-from .config import DEFAULT_DRAFT, DEFAULT_TARGET, METHODS_NEEDING_DRAFT, METHODS_NEEDING_HEAD
+from .report import (BenchReport, PromptRun, best_llama_cpp_runs, decode_within_limit,
+                           summarize, versus_best_llama_cpp,
+                           versus_best_suite_llama_cpp)
+from ..config import DEFAULT_DRAFT, DEFAULT_TARGET, METHODS_NEEDING_DRAFT, METHODS_NEEDING_HEAD
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from .data import Prompt
-    from .engine import Engine
-    from .results import GenerationStats
+    from ..data import Prompt
+    from ..engine import Engine
+    from ..results import GenerationStats
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MethodSpec", "BenchReport", "MethodSummary", "PromptRun", "available_methods", "parse_methods",
-           "run_bench", "format_markdown", "write_json", "read_json", "plot", "plot_panels"]
+__all__ = ["MethodSpec", "available_methods", "parse_methods", "run_bench", "suite_prompts", "median_run",
+           "decode_tokens_per_second"]
 
 PEER_METHODS = (*PYTHON_PEERS, *LLAMA_CPP_PEERS)
 NO_DRAFT_LENGTH = ("none", "peer-llama-cpp", *(p for p in LLAMA_CPP_PEERS if p != LLAMA_CPP_DRAFT))
@@ -81,7 +78,7 @@ class MethodSpec:
 
 
 def available_methods() -> tuple[str, ...]:
-    from .engine import METHODS
+    from ..engine import METHODS
 
     return (*METHODS, *PEER_METHODS)
 
@@ -152,7 +149,7 @@ def parse_methods(spec: str | Sequence[str], n_draft: int | None = None) -> list
 def suite_prompts(spec: str, n: int) -> tuple[str, list["Prompt"]]:
     """The suite's label and prompts for `spec`: SUITE (its first n prompts) or SUITE[A:B] (the
     first n of prompts A..B-1, e.g. prompts a draft head was not trained on)."""
-    from .data import load_suite, parse_suite_slice
+    from ..data import load_suite, parse_suite_slice
 
     name, start, stop = parse_suite_slice(spec)
     stop = start + n if stop is None else min(stop, start + n)
@@ -180,7 +177,7 @@ def _top2_gap_one_token(engine: "Engine", tokens: list[int]) -> float:
     """_top2_gap with the context evaluated one token at a time (a second engine on the same
     target and settings with a batch of 1, loaded for this and closed): the numerics of plain
     decoding, where the batched evaluation's may put the two best tokens further apart."""
-    from .engine import Engine
+    from ..engine import Engine
 
     with Engine(engine.target_path, **engine.target_settings(), n_batch=1, prefix_cache=False) as one:
         return _top2_gap(one, tokens)
@@ -263,7 +260,7 @@ def run_bench(
     ('humaneval[156:164]': the first n of those prompts) or a list of prompts
     (data.Prompt, chat messages, or plain strings taken as one user message).
     methods: names with an optional ':K' suffix (see parse_methods). llama.cpp's tools are looked
-    for in llama_cpp_bin, else as `pyspec.llamacpp.find_tools` does; when they are not built, their
+    for in llama_cpp_bin, else as `pyspec.bench.llamacpp.find_tools` does; when they are not built, their
     methods are skipped (BenchReport.skipped says why and how to build them). n_gpu_layers: as
     Engine's, for every method (llama.cpp's tools get the engine's value). head: a draft head GGUF
     for the engine (method redrafter needs one; auto then weighs it too, auto:no-head does not).
@@ -294,10 +291,10 @@ def run_bench(
     """
     from tqdm import tqdm
 
-    from .engine import Engine
+    from ..engine import Engine
     from .llamacpp import tools_can_repack
     from .llamacpp_run import ToolSettings, write_prompt
-    from .models import resolve_model
+    from ..models import resolve_model
 
     specs = parse_methods(methods, n_draft)
     if max_tokens < 1:
@@ -572,87 +569,10 @@ def _mark_text_divergence(engine: "Engine", run: PromptRun, ref: PromptRun, prom
 
 
 def _default_n_draft(name: str) -> int | None:
-    from .engine import DEFAULT_N_DRAFT
+    from ..engine import DEFAULT_N_DRAFT
 
     if name == "peer-pld":
         return PEER_PLD_N_DRAFT
     if name == LLAMA_CPP_DRAFT:
         return LLAMA_CPP_DEFAULT_N_DRAFT
     return DEFAULT_N_DRAFT.get(name)
-
-
-# -- command line ------------------------------------------------------------------------------
-
-
-def _cmd_bench(args: argparse.Namespace) -> int:
-    if args.plot and importlib.util.find_spec("matplotlib") is None:  # fail before the long run
-        print("pyspec: error: --plot needs matplotlib: pip install matplotlib", file=sys.stderr)
-        return 1
-    report = run_bench(
-        args.target, args.draft, args.prompt or args.suite, n=args.n, max_tokens=args.max_tokens, methods=args.methods,
-        n_draft=args.n_draft, n_threads=args.threads, n_ctx=args.n_ctx, progress=not args.no_progress,
-        llama_cpp_bin=args.llama_cpp_bin, n_gpu_layers=args.n_gpu_layers, head=args.head, ngram=args.ngram,
-        settle_s=args.settle, repeats=args.repeats, temperature=args.temperature, seed=args.seed,
-        **engine_options(args),
-    )
-    for method, why in report.skipped.items():
-        print(f"pyspec bench: skipped {method}: {why}", file=sys.stderr)
-    print(format_markdown(report))
-    if args.json:
-        write_json(report, args.json)
-    if args.plot:
-        plot(report, args.plot)
-    return 0
-
-
-def register_cli(subparsers: Any) -> None:
-    from .data import SUITES
-
-    p = subparsers.add_parser("bench", help="benchmark decoding methods and peers (llama-cpp-python, llama.cpp's "
-                                            "own tools) side by side")
-    p.add_argument("--target", default=DEFAULT_TARGET, help=f"registry name or GGUF path (default {DEFAULT_TARGET})")
-    p.add_argument("--draft", default=DEFAULT_DRAFT, help=f"registry name or GGUF path (default {DEFAULT_DRAFT})")
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--suite", default="humaneval",
-                     help=f"prompt suite: {', '.join(SUITES)}; SUITE[A:B] takes prompts A..B-1 (e.g. prompts "
-                          f"no draft head was trained on)")
-    src.add_argument("--prompt", action="append", default=None,
-                     help="a prompt (one user message) instead of a suite; repeatable")
-    p.add_argument("--n", type=int, default=5, help="prompts from the suite (default 5)")
-    p.add_argument("--max-tokens", type=int, default=128, help="most new tokens per prompt (default 128)")
-    p.add_argument("--methods", default="none,auto,chain,lookup,peer-pld",
-                   help="comma-separated; chain, lookup, ouroboros, peer-pld and llama.cpp-draft take an optional "
-                        ":K draft length, tree:N a node budget, beam:KxL beams x length; available: "
-                        f"{', '.join(available_methods())} (default none,auto,chain,lookup,peer-pld)")
-    p.add_argument("--n-draft", type=int, default=None,
-                   help="draft length for pyspec methods and peer-pld without :K (default: chain 4, lookup 8, "
-                        "peer-pld 10)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for every method (default: all cores)")
-    p.add_argument("--n-ctx", type=int, default=4096, help="context size for every method (default 4096)")
-    p.add_argument("--n-gpu-layers", type=int, default=None,
-                   help="layers to offload for every method, -1 all (GPU builds only; default "
-                        "$PYSPEC_N_GPU_LAYERS, else 0)")
-    add_engine_options(p)  # the tools follow: repacking where their build allows it, glibc's huge pages
-    add_ngram_option(p)
-    p.add_argument("--llama-cpp-bin", default=None, metavar="DIR",
-                   help="directory of llama.cpp's llama-completion and llama-speculative-simple (default: "
-                        "$PYSPEC_LLAMA_CPP_BIN, else those built by benchmarks/build_llama_cpp.py)")
-    p.add_argument("--settle", type=float, default=None, metavar="SECONDS",
-                   help=f"pause before each run, of every method alike (default {SETTLE_S:g} s when llama.cpp's "
-                        "tools run, else 0: a tool process that exits slows what runs about 2 s later)")
-    p.add_argument("--repeats", type=int, default=1, metavar="R",
-                   help="runs of every method per prompt, interleaved; the run with the median decode tok/s is "
-                        "kept (default 1; 3 damps the noise that favours 'the best llama.cpp mode of each prompt')")
-    p.add_argument("--temperature", type=float, default=0.0, metavar="T",
-                   help="sample at temperature T, every method and peer alike (top-k, top-p, min-p off; default 0: "
-                        "greedy, with each output checked against none's)")
-    p.add_argument("--seed", type=int, default=None, metavar="S",
-                   help="with --temperature: seed every run with S (reproducible outputs; auto then leaves the draft "
-                        "model out, as for any seeded sampled request); default: each run its own random stream")
-    p.add_argument("--head", default=None, metavar="PATH",
-                   help="draft head GGUF (`pyspec train-head`) for method redrafter and for auto to weigh "
-                        "(auto:no-head leaves it out)")
-    p.add_argument("--json", default=None, metavar="PATH", help="also write the report as JSON")
-    p.add_argument("--plot", default=None, metavar="PATH", help="also write a PNG bar chart (needs matplotlib)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    p.set_defaults(handler=_cmd_bench)

@@ -8,15 +8,15 @@ import logging
 import sys
 from typing import TYPE_CHECKING, Any
 
-from .cli import add_engine_options, add_ngram_option, engine_options
-from .config import METHODS, GenerationConfig
-from .online.config import TRAIN_BLOCKS_HELP, DistillConfig  # no torch: plain settings
+from .options import add_engine_options, add_ngram_option, engine_options
+from ..config import METHODS, GenerationConfig
+from ..online.config import TRAIN_BLOCKS_HELP, DistillConfig  # no torch: plain settings
 
 if TYPE_CHECKING:
-    from .server.online import OnlineSettings
+    from ..server.online import OnlineSettings
 
 
-def register_cli(sub: Any) -> None:
+def register(sub: Any) -> None:
     p = sub.add_parser("serve", help="serve a target (and draft) over an OpenAI-compatible HTTP API",
                        description="An OpenAI-compatible server: POST /v1/chat/completions and /v1/completions "
                                    "(streamed or not), GET /v1/models, /health, /metrics. Requests run one at a "
@@ -101,7 +101,7 @@ def _seconds(text: str) -> float:
 
 def online_settings(args: argparse.Namespace) -> OnlineSettings | None:
     """The --online-* flags as OnlineSettings; None without --online."""
-    from .server.online import OnlineSettings
+    from ..server.online import OnlineSettings
 
     if not args.online:
         return None
@@ -114,7 +114,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from .server import ServerSettings, create_app
+        from ..server import ServerSettings, create_app
     except ImportError as exc:
         print(f"pyspec: error: {exc}", file=sys.stderr)
         return 1

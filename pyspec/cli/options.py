@@ -1,0 +1,93 @@
+"""Options shared by several `pyspec` commands, and the helpers that read them back."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def add_generation_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-tokens", type=int, default=256, help="most tokens to generate (default 256)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0, help="0 disables")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=None, help="seed for sampling")
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    p.add_argument("--n-draft", type=int, default=None, help="longest draft per step (default: chain 4, lookup 8)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--n-ctx", type=int, default=4096)
+    p.add_argument("--n-gpu-layers", type=int, default=None,
+                   help="layers to offload, -1 all (GPU builds only; default $PYSPEC_N_GPU_LAYERS, else 0)")
+
+
+def add_engine_options(p: argparse.ArgumentParser) -> None:
+    """--repack, --no-huge-pages and --flash-attn (Engine's repack, huge_pages and flash_attn),
+    for generate, calibrate, bench, serve, demo, distill and train-head: the commands whose speed
+    they change."""
+    from ..engine import REPACK_MODES
+
+    p.add_argument("--repack", choices=["auto", *REPACK_MODES], default="auto",
+                   help="llama.cpp's weight repacking for the CPU: all extra buffer types, the matmul weights "
+                        "alone, or none (default auto: weights on CPUs with AMX, all elsewhere)")
+    p.add_argument("--no-huge-pages", action="store_true",
+                   help="do not ask for transparent huge pages on the models' and contexts' buffers")
+    p.add_argument("--flash-attn", action="store_true",
+                   help="llama.cpp's flash attention (default off: slower on the CPU at long contexts; "
+                        "see docs/numerics.md)")
+
+
+def add_ngram_option(p: argparse.ArgumentParser) -> None:
+    """--ngram: Engine's ngram (a static n-gram table method auto also drafts from)."""
+    p.add_argument("--ngram", default=None, metavar="PATH",
+                   help="n-gram table for method auto (`pyspec ngram build`); 'default': the ShareGPT table in the "
+                        "cache, built first when missing (about 2 minutes)")
+
+
+def engine_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Engine keyword arguments from add_engine_options' flags."""
+    return {"repack": None if args.repack == "auto" else args.repack, "huge_pages": not args.no_huge_pages,
+            "flash_attn": args.flash_attn}
+
+
+def read_prompt(args: argparse.Namespace) -> str:
+    if args.prompt is not None:
+        return str(args.prompt)
+    if args.prompt_file == "-":
+        return sys.stdin.read()
+    with open(args.prompt_file, encoding="utf-8") as f:
+        return f.read()
+
+
+def stats_file_path(args: argparse.Namespace, engine: Any) -> Path | None:
+    """The acceptance statistics file a command keeps for method auto (--stats-file), loaded
+    now; None when off (the default) or the method is not auto. A missing file starts fresh; a
+    bad cached file ('default') is reported and replaced; a bad file the user named is an error."""
+    from .. import acceptance
+    from ..errors import StatsFileError
+
+    if args.stats_file is None or args.method != "auto":
+        return None
+    default = args.stats_file == "default"
+    path = acceptance.default_path(engine) if default else Path(args.stats_file).expanduser()
+    if path.exists():
+        try:
+            n = engine.load_stats(path)
+            logging.getLogger("pyspec").info("auto's acceptance statistics: %d sets loaded from %s", n, path)
+        except StatsFileError as exc:
+            if not default:
+                raise
+            print(f"pyspec: ignoring the cached acceptance statistics ({exc}); starting afresh, the file will "
+                  "be replaced", file=sys.stderr)
+    return path
+
+
+def add_stats_option(p: argparse.ArgumentParser) -> None:
+    """--stats-file: method auto's acceptance statistics kept across runs (pyspec.acceptance)."""
+    p.add_argument("--stats-file", default=None, metavar="PATH",
+                   help="keep what method auto learnt of its drafts' acceptance across runs in PATH ('default': a "
+                        "file per target model in the cache): loaded before, saved after. Faster on requests "
+                        "like the earlier ones, slower on the first of another kind; off by default")
