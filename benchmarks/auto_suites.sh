@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The issue #6 table: method auto against plain decoding and llama-cpp-python's peers on four
-# prompt suites, 20 prompts each, 128 new tokens, greedy, 2 threads, one process per suite.
+# Method auto against plain decoding and llama-cpp-python's peers (docs/results-speed.md, "Against
+# llama-cpp-python") on four prompt suites, 20 prompts each, 128 new tokens, greedy, 2 threads, one process per suite.
 # Writes benchmarks/results/auto_<suite>.{json,md,png}. Takes about 1.5 hours on the 2-core
 # development machine; run it on an otherwise idle machine.
 set -euo pipefail

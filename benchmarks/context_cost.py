@@ -2,7 +2,7 @@
 already in the cache, for the calibration's sizes k and each c given.
 
 The cached calibration (`pyspec calibrate`) is taken over 128 cached tokens; at a long context
-attention makes every step slower: this measures by how much, per size (README: 15-34% at 2,048
+attention makes every step slower: this measures by how much, per size (docs/cost-curves.md: 15-34% at 2,048
 tokens on the development CPU, close to one factor), so the cost model's correction (spec/cost_model.h) and the replay (`benchmarks/auto_replay.py
 --actual-curve`) can be checked against the machine. A timing: run it with the machine idle.
 

@@ -1,8 +1,8 @@
-"""The cost model repairs a bad calibration (issue 13): `auto` planned with a target cost curve
+"""The cost model repairs a bad calibration: `auto` planned with a target cost curve
 measured while the machine was busy, then run on the quiet machine.
 
 1. The quiet curve: the target's decode time per batch size, measured now (run this script on an
-   otherwise idle machine: `/work/tools/quiet` on the development machine).
+   otherwise idle machine).
 2. The loaded curve: the same measurement while --load-procs processes spin on the CPU (or, with
    --scale F, the quiet curve times F).
 3. Three engines, the same prompts, interleaved per prompt, greedy `auto`:

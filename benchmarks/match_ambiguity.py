@@ -1,5 +1,5 @@
 """Whether a prompt-lookup key with several different continuations in the context is worth
-drafting (docs/results-speed.md, "Long edits": contested copy nodes).
+drafting (docs/results-speed.md, "Where the scheduler's priors come from": contested copy nodes).
 
 For every recorded prompt of the given `pyspec bench --json` files (their `none` greedy outputs),
 three views:

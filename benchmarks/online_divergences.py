@@ -1,7 +1,7 @@
 """Where a stream run's outputs differ from static's, is it at a near-tie of the target?
 
     python benchmarks/online_divergences.py --run stream.json --mode online \
-        --static benchmarks/results/online_stream.json --json divergences.json
+        --static benchmarks/results/online_stream_frozen.json --json divergences.json
 
 Greedy speculative output must equal plain greedy output; batched and one-token logits differ
 slightly on this backend and can flip a near-tie (top-2 logit gap < 0.25). For every request of

@@ -1,4 +1,4 @@
-"""The stream experiment's training replayed without serving (issue 15): which settings make the
+"""The stream experiment's training replayed without serving: which settings make the
 derived draft learn chat?
 
     # once: the target's greedy answers and its rows over them (and over the prompts) for the

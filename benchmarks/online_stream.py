@@ -1,9 +1,9 @@
-"""The stream experiment of issue 7 (OSD §5): a query stream with distribution shift, served with
+"""The stream experiment (OSD §5): a query stream with distribution shift, served with
 a static draft, with online distillation of one draft, and with one distilled draft per domain.
 
     # a cheap draft with room to learn: the first 6 blocks of the target family's small model
     pyspec models derive-draft --from qwen2.5-coder-0.5b-instruct --layers 6 --out qwen6.gguf
-    # the run in the README (~2 h on 2 cores): 150 requests x 3 modes, then method auto with
+    # a run of the three modes (~2 h on 2 cores): 150 requests x 3 modes, then method auto with
     # each mode's final draft on the next 8 prompts of each suite
     python benchmarks/online_stream.py --draft qwen6.gguf \\
         --stream humaneval:50,gsm8k:50,mtbench:50 --max-tokens 32 --n-draft 2 \\

@@ -1,6 +1,6 @@
 """What one online update costs, with the draft's vocabulary matrices trained and frozen
-(DistillConfig.train_vocab), against the time the requests it follows took to serve (issue 15:
-an update must finish before the next I requests are served, or learning falls behind traffic).
+(DistillConfig.train_vocab), against the time the requests it follows took to serve
+(an update must finish before the next I requests are served, or learning falls behind traffic).
 
     python benchmarks/online_update_cost.py --draft qwen6.gguf --json update_cost.json
 

@@ -11,7 +11,7 @@ non-empty content chunk), decode speed (completion tokens after the first / time
 chunk; tokens counted with the model's tokenizer on the answer text, the same for every server)
 and end-to-end time.
 
-    /work/tools/quiet python benchmarks/serve_multiturn.py --threads 2 --json benchmarks/results/serve_multiturn.json
+    python benchmarks/serve_multiturn.py --threads 2 --json benchmarks/results/serve_multiturn.json
 
 Needs the server extra, the openai client and llama-cpp-python's server extras:
 pip install "pyspec-engine[server]" openai "llama-cpp-python[server]==0.3.36".
@@ -185,7 +185,7 @@ def server_commands(args: argparse.Namespace, target: str, draft: str, port: int
 
 
 def summarize(records: list[TurnRecord], servers: list[str]) -> dict[str, Any]:
-    """Means per server, kind and turn; the ratios the issue's goals are stated in."""
+    """Means per server, kind and turn; the ratios docs/results-server.md states."""
     def mean(values: list[float]) -> float | None:
         return statistics.fmean(values) if values else None
 

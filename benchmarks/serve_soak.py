@@ -7,7 +7,7 @@ answer, apart from the deliberate cancels), draft reloads, pool saves, and the s
 memory after the first 50 requests and at the end (the goal: 0 failures, end within 10% of the
 first 50).
 
-    /work/tools/heavy python benchmarks/serve_soak.py --tiny --json benchmarks/results/serve_soak_tiny_paced.json
+    python benchmarks/serve_soak.py --tiny --json benchmarks/results/serve_soak_tiny_paced.json
 
 --tiny builds the tiny random-weight test models (fast); without it the default real pair is used.
 To tell the causes of memory growth apart: every --sample-every requests the server's resident

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """One line per `pyspec bench` report against llama.cpp's tools: auto / the best llama.cpp mode
-of each prompt (issue 13's figure), auto / the suite's best single mode, none / llama.cpp plain
+of each prompt (the figure of docs/results-speed.md), auto / the suite's best single mode, none / llama.cpp plain
 and auto / none (decode tok/s, medians of per-prompt ratios), recomputed from the per-prompt
 records, so reports written before a figure existed get it too.
 
