@@ -69,7 +69,8 @@ def test_student_and_mixed_sampling_train(tiny_target: str, weak_draft: str, sam
 
 def test_distill_cli(tiny_target: str, weak_draft: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                      capsys: pytest.CaptureFixture[str]) -> None:
-    from pyspec import cli, data
+    from pyspec import data
+    from pyspec.cli.main import main as pyspec_main
 
     fake = [data.Prompt(id=f"toy/{i}", suite="toy", text=t, messages=[{"role": "user", "content": t}])
             for i, t in enumerate(PROMPTS)]
@@ -85,7 +86,7 @@ def test_distill_cli(tiny_target: str, weak_draft: str, tmp_path: Path, monkeypa
 
     monkeypatch.setattr(Engine, "__init__", init)
     out = tmp_path / "cli.gguf"
-    code = cli.main(["distill", "--target", tiny_target, "--draft", weak_draft, "--suite", "humaneval", "--n", "3",
+    code = pyspec_main(["distill", "--target", tiny_target, "--draft", weak_draft, "--suite", "humaneval", "--n", "3",
                      "--eval", "1", "--steps", "2", "--batch-size", "2", "--max-tokens", "12", "--raw",
                      "--threads", "1", "--dtype", "f32", "--repack", "off", "--no-huge-pages", "--out", str(out)])
     assert code == 0
@@ -102,14 +103,15 @@ def test_distill_cli_trains_only_the_last_blocks(tiny_target: str, weak_draft: s
     matrices exactly as the source has them and moves the last block."""
     import numpy as np
 
-    from pyspec import cli, data
+    from pyspec import data
+    from pyspec.cli.main import main as pyspec_main
     from pyspec.online import open_gguf
 
     fake = [data.Prompt(id=f"toy/{i}", suite="toy", text=t, messages=[{"role": "user", "content": t}])
             for i, t in enumerate(PROMPTS)]
     monkeypatch.setattr(data, "load_suite", lambda name, n=None, **kw: fake[:n])
     out = tmp_path / "last.gguf"
-    code = cli.main(["distill", "--target", tiny_target, "--draft", weak_draft, "--suite", "humaneval", "--n", "3",
+    code = pyspec_main(["distill", "--target", tiny_target, "--draft", weak_draft, "--suite", "humaneval", "--n", "3",
                      "--eval", "0", "--steps", "3", "--batch-size", "2", "--max-tokens", "12", "--raw", "--lr", "1e-3",
                      "--threads", "1", "--no-train-vocab", "--train-blocks", "1", "--out", str(out)])
     assert code == 0
