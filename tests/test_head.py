@@ -525,3 +525,19 @@ def test_auto_head_samples_target_distribution(tiny_target: str, head_files: dic
             auto = engine.generate(PROMPTS[2], auto_adapt_costs=False, **options)
             assert auto.tokens == plain.tokens
             assert auto.stats.n_head_drafts > 0
+
+
+def test_a_prompt_longer_than_the_window_is_skipped_not_fatal(tmp_path: Path, tiny_target: str,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    """Data runs over thousands of conversations: one that does not fit the context window is
+    left out with a warning naming it, and every other sequence is still made."""
+    texts = {"tiny/0": "the quick fox", "tiny/long": " ".join(WORDS * 60), "tiny/1": "a lazy dog", "tiny/2": "def sum"}
+    prompts = [Prompt(id=i, suite="tiny", text=t, messages=[{"role": "user", "content": t}]) for i, t in texts.items()]
+    plan = plan_sequences(prompts, (0.0,), 1)
+    with pyspec.Engine(tiny_target, n_ctx=256, n_threads=2) as engine:
+        assert len(engine.prompt_tokens(prompts[1].render(True))) > 256
+        with caplog.at_level("WARNING", logger="pyspec.head.data"):
+            made = make_training_data(engine, plan, tmp_path, DataConfig(max_tokens=8))
+    assert made == (3, True)
+    assert sorted(s.prompt_id for s in iter_sequences(tmp_path)) == ["tiny/0", "tiny/1", "tiny/2"]
+    assert "tiny/long" in caplog.text and "context window" in caplog.text

@@ -40,6 +40,8 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 
+from ..errors import ContextOverflowError
+
 if TYPE_CHECKING:
     from ..data import Prompt
     from ..engine import Engine
@@ -251,17 +253,22 @@ def make_training_data(
             if made > 0 and deadline is not None and time.monotonic() > deadline:
                 return made, False
             tokens = engine.prompt_tokens(prompt.render(config.chat))
-            if spec.source == "reference":
-                answer = reference_answer(prompt)
-                if answer is None:
-                    raise ValueError(f"prompt {prompt.id} has no reference answer")
-                if preamble is None:
-                    preamble = template_preamble(engine, config.chat)
-                seq = make_reference_sequence(engine, tokens, answer, preamble - 1, spec, config)
+            try:
+                if spec.source == "reference":
+                    answer = reference_answer(prompt)
+                    if answer is None:
+                        raise ValueError(f"prompt {prompt.id} has no reference answer")
+                    if preamble is None:
+                        preamble = template_preamble(engine, config.chat)
+                    seq = make_reference_sequence(engine, tokens, answer, preamble - 1, spec, config)
+                else:
+                    seq = make_sequence(engine, tokens, spec, config)
+            except ContextOverflowError as e:
+                # One long conversation must not end a run of thousands: it is left out, said once.
+                log.warning("skipping %s: %s", prompt.id, e)
             else:
-                seq = make_sequence(engine, tokens, spec, config)
-            save_sequence(seq, path)
-            made += 1
+                save_sequence(seq, path)
+                made += 1
         if on_sequence:
             on_sequence(done + 1, len(plan))
     return made, True
