@@ -33,6 +33,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pyspec")
 
+# The sizes k a calibration times one decode of (the engine's default_calibration_sizes(),
+# engine/src/calibrate.cpp; sizes above the context's n_batch or n_ctx - 2 are left out).
+CALIBRATION_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
 FORMAT_VERSION = 2  # 2: keyed by the loaded model's cost signature instead of its path and mtime
 DIR_ENV = "PYSPEC_CALIBRATION_DIR"
 
@@ -165,7 +169,7 @@ def measure(engine: "Engine", draft: str | None, repeats: int = 3, progress: boo
     """Times the target (draft None) or draft slot `draft` now, installs and returns the curve.
     context: tokens in the cache under the timed decodes (the cached calibrations use 128)."""
     label = "calibrating target" if draft is None else f"calibrating draft {draft or '(default)'}"
-    log.info("%s: timing decodes of 1..64 tokens, %d rounds", label, repeats)
+    log.info("%s: timing decodes of 1..%d tokens, %d rounds", label, CALIBRATION_SIZES[-1], repeats)
     bar, update = _progress(label, progress)
     try:
         core = engine._core.measure_cost(draft is not None, draft or "", [], repeats, update, context)

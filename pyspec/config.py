@@ -28,6 +28,11 @@ DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 # drafts than a draft model whose every token costs a decode.
 DEFAULT_N_DRAFT = {"chain": 4, "lookup": 8, "ouroboros": 4}
 
+# The temperature `pyspec serve` samples at when a request gives none: OpenAI's default, so that
+# OpenAI clients get what they expect. The Python API and `pyspec generate` stay greedy
+# (GenerationConfig.temperature = 0); a request or `pyspec serve --temperature 0` makes the server greedy.
+SERVER_TEMPERATURE = 1.0
+
 
 _INT32_RANGE = (-(2**31), 2**31 - 1)
 _UINT64_RANGE = (0, 2**64 - 1)

@@ -1,6 +1,6 @@
 """Long fuzz run over every input kind of tests/fuzz_cases.py on freshly built tiny models.
 
-    /work/tools/heavy python scripts/fuzz.py --cases 2000 --seed 1 --out fuzz.json
+    python scripts/fuzz.py --cases 2000 --seed 1 --out fuzz.json
 
 Prints one summary line per kind (cases, ok, typed errors by class, wrong outcomes, crashes) and
 exits 1 when any case crashed or ended wrong. Each case is reproducible from (seed, kind, index).

@@ -4,7 +4,7 @@ For each prompt, the target's plain greedy answer (method "none") is teacher-for
 target twice: in chunks of k tokens (an engine with n_batch=k, as verification evaluates drafts)
 and one token at a time (n_batch=1, as plain decoding does). At every answer position the script
 compares the two rows: argmax flips, the top-2 logit gap of both evaluations at each flip, and the
-largest absolute logit difference. Not a timing: run it with /work/tools/heavy, not quiet.
+largest absolute logit difference. Not a timing: it need not run on a quiet machine.
 
     python scripts/numerics.py --k 4 8 16 --prompts humaneval:HumanEval/0 mtbench:mtbench/85 --repack weights off
     python scripts/numerics.py --flash-attn off on   # both evaluations with llama.cpp's flash attention, then without

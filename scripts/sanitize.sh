@@ -9,7 +9,7 @@
 #                                        # relative to the repository, e.g. tests/test_auto.py)
 #
 # Needs the environment the tests need (pip install -e ".[test]" or ".[test]"), gcc/clang with
-# the sanitizer runtimes, and runs under /work/tools/heavy on the shared development machine.
+# the sanitizer runtimes. CPU-heavy, but not a timing.
 # Any sanitizer report stops the process that hit it (halt_on_error / abort_on_error), which fails
 # that test; the script ends with the number of reports found in the logs (0 when clean).
 set -euo pipefail

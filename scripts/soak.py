@@ -1,7 +1,7 @@
 """Soak: thousands of requests on one engine with the tiny models, draft reloads and pool saves;
 resident memory must stay bounded and no request may fail.
 
-    /work/tools/heavy python scripts/soak.py --requests 2000 --out soak.json
+    python scripts/soak.py --requests 2000 --out soak.json
 
 Every request takes the next method (auto, none, chain, tree, beam, lookup, ouroboros), greedy or
 sampled, on a prompt that varies in length and content (so the phrase pool keeps learning until it

@@ -1,6 +1,6 @@
 """Long concurrency stress run (tests/stress_run.py) on freshly built tiny models.
 
-    /work/tools/heavy python scripts/stress.py --seconds 600 --threads 8
+    python scripts/stress.py --seconds 600 --threads 8
 
 Prints the duration, rounds, calls by operation and typed errors; exits 1 on any failure
 (untyped error, wrong greedy output, hung thread).

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from ..bench import SETTLE_S, available_methods, format_markdown, plot, run_bench, write_json
-from ..config import DEFAULT_DRAFT, DEFAULT_TARGET
+from ..config import DEFAULT_DRAFT, DEFAULT_TARGET, GenerationConfig
 from .options import add_engine_options, add_ngram_option, engine_options
 
 
@@ -72,7 +72,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--repeats", type=int, default=1, metavar="R",
                    help="runs of every method per prompt, interleaved; the run with the median decode tok/s is "
                         "kept (default 1; 3 damps the noise that favours 'the best llama.cpp mode of each prompt')")
-    p.add_argument("--temperature", type=float, default=0.0, metavar="T",
+    p.add_argument("--temperature", type=float, default=GenerationConfig.temperature, metavar="T",
                    help="sample at temperature T, every method and peer alike (top-k, top-p, min-p off; default 0: "
                         "greedy, with each output checked against none's)")
     p.add_argument("--seed", type=int, default=None, metavar="S",

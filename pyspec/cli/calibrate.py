@@ -6,6 +6,7 @@ import argparse
 import json
 from typing import Any
 
+from ..calibration import CALIBRATION_SIZES
 from ..config import DEFAULT_DRAFT, DEFAULT_TARGET
 from .options import add_engine_options, engine_options
 
@@ -32,7 +33,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "calibrate", help="measure (and cache) the cost of decoding k tokens, for method auto",
-        description="Times one decode of 1..32 tokens for the target (all logits rows) and the draft "
+        description=f"Times one decode of {CALIBRATION_SIZES[0]}..{CALIBRATION_SIZES[-1]} tokens for the target (all logits rows) and the draft "
                     "(last row) with these threads and offload, and caches the curves; method auto "
                     "loads them (or measures on first use).")
     p.add_argument("--target", default=DEFAULT_TARGET, help=f"GGUF path or registry name (default {DEFAULT_TARGET})")

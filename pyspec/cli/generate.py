@@ -95,10 +95,10 @@ def register(sub: Any) -> None:
                      help="sampled verification: exact (default) or typical (Medusa; LOSSY, not the target's distribution)")
     gen.add_argument("--typical-epsilon", type=float, default=d.typical_epsilon)
     gen.add_argument("--typical-delta", type=float, default=d.typical_delta)
-    gen.add_argument("--lookup-ngram-max", type=int, default=3,
-                     help="lookup: longest n-gram matched against earlier text (default 3)")
-    gen.add_argument("--lookup-ngram-min", type=int, default=1,
-                     help="lookup: shortest n-gram tried before proposing nothing (default 1)")
+    gen.add_argument("--lookup-ngram-max", type=int, default=d.lookup_ngram_max,
+                     help=f"lookup, auto: longest n-gram matched against earlier text (default {d.lookup_ngram_max})")
+    gen.add_argument("--lookup-ngram-min", type=int, default=d.lookup_ngram_min,
+                     help=f"lookup, auto: shortest n-gram tried before proposing nothing (default {d.lookup_ngram_min})")
     gen.add_argument("--json", action="store_true", help="print one JSON object with text, tokens, finish_reason, stats")
     add_generation_options(gen)
     add_engine_options(gen)

@@ -10,14 +10,18 @@ from typing import Any
 
 
 def add_generation_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-tokens", type=int, default=256, help="most tokens to generate (default 256)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=0, help="0 disables")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--min-p", type=float, default=0.0)
+    from ..config import DEFAULT_N_DRAFT, GenerationConfig
+
+    d = GenerationConfig()  # the one source of generation defaults
+    p.add_argument("--max-tokens", type=int, default=d.max_tokens, help=f"most tokens to generate (default {d.max_tokens})")
+    p.add_argument("--temperature", type=float, default=d.temperature, help=f"0 = greedy (default {d.temperature:g})")
+    p.add_argument("--top-k", type=int, default=d.top_k, help="0 disables")
+    p.add_argument("--top-p", type=float, default=d.top_p)
+    p.add_argument("--min-p", type=float, default=d.min_p)
     p.add_argument("--seed", type=int, default=None, help="seed for sampling")
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
-    p.add_argument("--n-draft", type=int, default=None, help="longest draft per step (default: chain 4, lookup 8)")
+    p.add_argument("--n-draft", type=int, default=d.n_draft,
+                   help="longest draft per step (default: " + ", ".join(f"{m} {n}" for m, n in DEFAULT_N_DRAFT.items()) + ")")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--n-ctx", type=int, default=4096)
     p.add_argument("--n-gpu-layers", type=int, default=None,

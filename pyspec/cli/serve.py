@@ -9,7 +9,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from .options import add_engine_options, add_ngram_option, engine_options
-from ..config import METHODS, GenerationConfig
+from ..config import METHODS, SERVER_TEMPERATURE, GenerationConfig
 from ..online.config import TRAIN_BLOCKS_HELP, DistillConfig  # no torch: plain settings
 
 if TYPE_CHECKING:
@@ -42,7 +42,8 @@ def register(sub: Any) -> None:
     g = p.add_argument_group("request defaults (each request may override them)")
     g.add_argument("--method", choices=list(METHODS), default="auto", help="decoding method (default auto)")
     g.add_argument("--n-draft", type=int, default=None, help="longest draft per step (chain, lookup, ouroboros)")
-    g.add_argument("--temperature", type=float, default=1.0, help="default 1.0 (OpenAI's); 0 = greedy")
+    g.add_argument("--temperature", type=float, default=SERVER_TEMPERATURE,
+                   help=f"default {SERVER_TEMPERATURE:g} (OpenAI's; the Python API and `pyspec generate` are greedy); 0 = greedy")
     g.add_argument("--top-p", type=float, default=d.top_p)
     g.add_argument("--top-k", type=int, default=d.top_k, help="0 disables")
     g.add_argument("--min-p", type=float, default=d.min_p)

@@ -19,7 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..config import GenerationConfig
+from ..config import SERVER_TEMPERATURE, GenerationConfig
 from ..engine import Engine
 from ..errors import ContextOverflowError, EngineClosedError, InvalidArgumentError
 from ..results import GenerationResult, StreamChunk
@@ -53,7 +53,7 @@ class ServerSettings:
     ngram: str | None = None  # Engine's ngram: an n-gram table auto also drafts from ("default": the cached ShareGPT one)
     # Defaults of every request; a request's own fields (OpenAI's and the speculative extra
     # fields) override them. temperature 1.0 and top_p 1.0 are OpenAI's defaults.
-    defaults: GenerationConfig = field(default_factory=lambda: GenerationConfig(temperature=1.0))
+    defaults: GenerationConfig = field(default_factory=lambda: GenerationConfig(temperature=SERVER_TEMPERATURE))
     pool_file: str | None = None
     pool_save_interval_s: float = 60.0
     # method auto's acceptance statistics across restarts: loaded at start, saved every

@@ -17,8 +17,9 @@ from ..results import GenerationResult, TokenLogprobs
 SPECULATIVE_FIELDS = (
     "method", "draft", "n_draft", "top_k", "min_p",
     "auto_max_depth", "auto_max_nodes", "auto_max_gamma", "auto_draft_model", "auto_head", "auto_corpus",
-    "auto_corpus_max_depth", "auto_corpus_min_total",
-    "lookup_ngram_max", "lookup_ngram_min",
+    "auto_corpus_max_depth", "auto_corpus_min_total", "auto_adapt_costs",
+    "lookup_ngram_max", "lookup_ngram_min", "lookup_unit_ends", "lookup_substitutions", "lookup_resync",
+    "lookup_loose_substitutions", "lookup_fences",
     "tree_nodes", "tree_depth", "tree_branching", "tree_expand", "beams", "beam_length",
     "pool", "pool_branches", "pool_phrase_len", "pool_max_nodes",
     "harvest_prompt", "harvest_generated", "harvest_verification",
