@@ -20,8 +20,9 @@ if TYPE_CHECKING:
 def register(sub: Any) -> None:
     p = sub.add_parser("serve", help="serve a target (and draft) over an OpenAI-compatible HTTP API",
                        description="An OpenAI-compatible server: POST /v1/chat/completions and /v1/completions "
-                                   "(streamed or not), GET /v1/models, /health, /metrics. Requests run one at a "
-                                   "time in arrival order. Needs: pip install 'pyspec-engine[server]'.")
+                                   "(streamed or not), GET /v1/models, /health, /metrics, POST /tokenize, "
+                                   "/detokenize, /apply-template. Requests run one at a time in arrival order. "
+                                   "Needs: pip install 'pyspec-engine[server]'. docs/server.md describes it all.")
     p.add_argument("--target", required=True, help="GGUF path or registry name")
     p.add_argument("--draft", default=None, help="GGUF path or registry name of the draft model")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
