@@ -219,3 +219,27 @@ def test_fill_in_the_middle_on_a_model_with_fim_tokens(tmp_path: Path) -> None:
     assert text[0].count(special["fim_suffix"]) == 0  # marker text in the prefix stays text
     assert r.usage.prompt_tokens == len(tokens)
     assert r.choices[0].text == expected.text
+
+
+@pytest.mark.model
+def test_qwen_coder_fim_and_its_jinja_template(tmp_path: Path) -> None:
+    """The real coder model: its own FIM markers and its GGUF template (which adds its default
+    system prompt when the conversation has none, as the template says)."""
+    proc = ServerProcess("--target", "qwen2.5-coder-0.5b-instruct", "--model-name", "coder", "--n-ctx", "512",
+                         "--threads", "2", "--method", "none", log_path=tmp_path / "qwen.log", timeout=300)
+    prefix, suffix = "def area(radius):\n    ", "\n    return result\n"
+    try:
+        c = openai.OpenAI(base_url=proc.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        r = c.completions.create(model="coder", prompt=prefix, suffix=suffix, max_tokens=12, **GREEDY)
+        shown = httpx.post(proc.base_url + "/apply-template", json={"messages": [{"role": "user", "content": "hi"}]},
+                           timeout=60).json()
+    finally:
+        assert proc.stop() == 0, proc.log()
+    assert shown["formatted_by"] == "jinja" and shown["prompt"].startswith("<|im_start|>system\nYou are Qwen")
+    with pyspec.Engine("qwen2.5-coder-0.5b-instruct", n_ctx=512, n_threads=2) as engine:
+        ids = [engine.tokenize(t, add_special=False, parse_special=False) for t in (prefix, suffix)]
+        pre, suf, mid = (engine.tokenize(t, add_special=False) for t in ("<|fim_prefix|>", "<|fim_suffix|>",
+                                                                          "<|fim_middle|>"))
+        expected = engine.generate(pre + ids[0] + suf + ids[1] + mid, max_tokens=12, method="none")
+    assert len(pre) == len(suf) == len(mid) == 1
+    assert r.choices[0].text == expected.text
