@@ -82,6 +82,8 @@ NB_MODULE(_core, m) {
     nb::class_<spec::LogLine>(m, "LogLine")
         .def_ro("level", &spec::LogLine::level)
         .def_ro("text", &spec::LogLine::text);
+    m.def("chat_builtin_templates", &spec::chat_builtin_templates,
+          "Names of llama.cpp's built-in chat templates (Engine.apply_chat_template's tmpl).");
     m.def("drain_logs", &spec::log_drain, "Returns and clears llama.cpp's buffered log lines.");
     m.def("quantize_model", [](const std::string& in, const std::string& out, int32_t file_type,
                                const std::vector<std::pair<std::string, int32_t>>& tensor_types, int32_t n_threads) {
@@ -537,12 +539,19 @@ NB_MODULE(_core, m) {
         .def("cost_signature", [](spec::Engine& engine, bool use_draft, const std::string& draft_name) {
             return (use_draft ? engine.draft(draft_name) : engine.target()).cost_signature();
         }, "use_draft"_a, "draft_name"_a = "")
-        // The target's tokenizer, callable from any thread while a generation runs or close() does.
+        // The target's tokenizer and chat templates, callable from any thread while a generation
+        // runs or close() does; the GIL is released while they work (a long prompt does not stall
+        // other Python threads), and Python objects are made after it is taken back.
         .def("tokenize", [](spec::Engine& e, const std::string& text, bool add_special, bool parse_special) {
+            nb::gil_scoped_release release;
             return e.shared_target()->tokenize(text, add_special, parse_special);
         }, "text"_a, "add_special"_a, "parse_special"_a)
         .def("detokenize", [](spec::Engine& e, const std::vector<int32_t>& tokens, bool special) {
-            const std::string bytes = e.shared_target()->detokenize(tokens, special);
+            std::string bytes;
+            {
+                nb::gil_scoped_release release;
+                bytes = e.shared_target()->detokenize(tokens, special);
+            }
             return nb::bytes(bytes.data(), bytes.size());
         }, "tokens"_a, "special"_a = false)
         .def("token_to_piece", [](spec::Engine& e, int32_t token, bool special) {
@@ -550,9 +559,23 @@ NB_MODULE(_core, m) {
             return nb::bytes(bytes.data(), bytes.size());
         }, "token"_a, "special"_a = false)
         .def("apply_chat_template", [](spec::Engine& e, const std::vector<std::pair<std::string, std::string>>& messages,
-                                       bool add_assistant) {
-            return e.shared_target()->apply_chat_template(messages, add_assistant);
-        }, "messages"_a, "add_assistant"_a = true)
+                                       bool add_assistant, const std::string& tmpl) {
+            nb::gil_scoped_release release;
+            return e.shared_target()->apply_chat_template(messages, add_assistant, tmpl);
+        }, "messages"_a, "add_assistant"_a = true, "tmpl"_a = "")
+        .def_prop_ro("chat_template", [](spec::Engine& e) { return e.shared_target()->chat_template(); })
+        .def_prop_ro("special_tokens", [](spec::Engine& e) {
+            const spec::Model::SpecialTokens t = e.shared_target()->special_tokens();
+            nb::dict out;
+            out["bos"] = t.bos;
+            out["eos"] = t.eos;
+            out["eot"] = t.eot;
+            out["fim_prefix"] = t.fim_prefix;
+            out["fim_suffix"] = t.fim_suffix;
+            out["fim_middle"] = t.fim_middle;
+            out["add_bos"] = t.add_bos;
+            return out;
+        }, "The target's special token ids (-1: none) and whether tokenize() adds bos.")
         .def("is_eog", [](spec::Engine& e, int32_t token) { return e.shared_target()->is_eog(token); })
         .def("control_tokens", [](spec::Engine& e) { return e.shared_target()->control_tokens(); })
         .def("layout_tokens", [](spec::Engine& e) {

@@ -33,6 +33,8 @@ EOS_TEXT = "<|endoftext|>"
 IM_START_TEXT = "<|im_start|>"
 IM_END_TEXT = "<|im_end|>"
 SPECIAL_TOKENS = (EOS_TEXT, IM_START_TEXT, IM_END_TEXT)
+# Fill-in-the-middle markers (build_tiny_model(fim=True)), spelled as Qwen2.5-Coder spells them.
+FIM_TOKENS = {"fim_pre": "<|fim_prefix|>", "fim_suf": "<|fim_suffix|>", "fim_mid": "<|fim_middle|>"}
 
 # chatml; llama_chat_apply_template recognises it by the "<|im_start|>" it contains.
 CHATML_TEMPLATE = (
@@ -182,11 +184,11 @@ def learn_merges(corpus: str, n_merges: int) -> list[tuple[str, str]]:
     return merges
 
 
-def build_vocab(n_merges: int = 200) -> tuple[list[str], list[int], list[str]]:
+def build_vocab(n_merges: int = 200, extra_special: tuple[str, ...] = ()) -> tuple[list[str], list[int], list[str]]:
     """Token texts, token types and merge strings ("a b") of the tiny vocabulary.
 
     Ids 0..255 are the byte symbols in byte order, then one token per new merged string, then
-    the special tokens <|endoftext|>, <|im_start|>, <|im_end|> (CONTROL).
+    the special tokens <|endoftext|>, <|im_start|>, <|im_end|> and `extra_special` (CONTROL).
     """
     byte_char = _bytes_to_unicode()
     tokens = [byte_char[b] for b in range(256)]
@@ -197,8 +199,8 @@ def build_vocab(n_merges: int = 200) -> tuple[list[str], list[int], list[str]]:
             known.add(left + right)
             tokens.append(left + right)
     token_types = [int(gguf.TokenType.NORMAL)] * len(tokens)
-    tokens.extend(SPECIAL_TOKENS)
-    token_types.extend([int(gguf.TokenType.CONTROL)] * len(SPECIAL_TOKENS))
+    tokens.extend(SPECIAL_TOKENS + extra_special)
+    token_types.extend([int(gguf.TokenType.CONTROL)] * (len(SPECIAL_TOKENS) + len(extra_special)))
     return tokens, token_types, [f"{left} {right}" for left, right in merges]
 
 
@@ -265,6 +267,7 @@ def build_tiny_model(
     perturb: float = 0.0,
     arch: str = "llama",
     tied_output: bool = False,
+    fim: bool = False,
 ) -> Path:
     """Write a tiny random `llama` GGUF to `path` and return the path.
 
@@ -275,6 +278,8 @@ def build_tiny_model(
     decoding never picks them (generation runs until the requested length); with
     tied_output=True those rows are zero in the embedding, which is the output head.
     arch:      "llama", or "qwen2" (adds q/k/v biases; llama.cpp uses NEOX rope for it).
+    fim:       add fill-in-the-middle marker tokens (FIM_TOKENS) after the special tokens (a
+               different vocabulary, hence different weights, from the model without them).
     """
     if arch not in ARCHS:
         raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
@@ -284,7 +289,9 @@ def build_tiny_model(
     if perturb < 0 or (perturb > 0 and base_seed is None):
         raise ValueError(f"perturb={perturb} needs perturb >= 0 and a base_seed to perturb")
     path = Path(path)
-    tokens, token_types, merges = build_vocab(n_merges)
+    extra_special = tuple(FIM_TOKENS.values()) if fim else ()
+    tokens, token_types, merges = build_vocab(n_merges, extra_special)
+    n_special = len(SPECIAL_TOKENS) + len(extra_special)
     n_vocab = len(tokens)
     eos_id = tokens.index(EOS_TEXT)
     im_end_id = tokens.index(IM_END_TEXT)
@@ -320,6 +327,8 @@ def build_tiny_model(
     writer.add_add_bos_token(False)
     writer.add_add_eos_token(False)
     writer.add_chat_template(CHATML_TEMPLATE)
+    for key, text in FIM_TOKENS.items() if fim else ():
+        writer.add_uint32(f"tokenizer.ggml.{key}_token_id", tokens.index(text))
 
     specs = _tensor_specs(n_vocab, n_layer, n_embd, n_head, n_head_kv, n_ff,
                           qkv_bias=arch == "qwen2", tied_output=tied_output)
@@ -332,7 +341,7 @@ def build_tiny_model(
             values = values + perturb * _standard_normal(seed, 1, name, shape)
         values = (std * values).astype(np.float32)
         if name == ("token_embd.weight" if tied_output else "output.weight"):
-            values[n_vocab - len(SPECIAL_TOKENS):] = 0.0
+            values[n_vocab - n_special:] = 0.0
         writer.add_tensor(name, values)
 
     return write_gguf(writer, path)

@@ -16,6 +16,9 @@ class LogLine:
     @property
     def text(self) -> str: ...
 
+def chat_builtin_templates() -> list[str]:
+    """Names of llama.cpp's built-in chat templates (Engine.apply_chat_template's tmpl)."""
+
 def drain_logs() -> list[LogLine]:
     """Returns and clears llama.cpp's buffered log lines."""
 
@@ -811,7 +814,14 @@ class Engine:
 
     def token_to_piece(self, token: int, special: bool = False) -> bytes: ...
 
-    def apply_chat_template(self, messages: Sequence[tuple[str, str]], add_assistant: bool = True) -> str: ...
+    def apply_chat_template(self, messages: Sequence[tuple[str, str]], add_assistant: bool = True, tmpl: str = '') -> str: ...
+
+    @property
+    def chat_template(self) -> str: ...
+
+    @property
+    def special_tokens(self) -> dict:
+        """The target's special token ids (-1: none) and whether tokenize() adds bos."""
 
     def is_eog(self, arg: int, /) -> bool: ...
 

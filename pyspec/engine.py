@@ -423,8 +423,22 @@ class Engine:
         """True for the target's end-of-generation tokens (EOS, EOT, ...)."""
         return bool(self._core.is_eog(int(token)))
 
-    def apply_chat_template(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> str:
-        """Formats messages ([{"role": ..., "content": ...}]) with the target's chat template.
+    @property
+    def chat_template(self) -> str | None:
+        """The target's own chat template (the GGUF's tokenizer.chat_template Jinja text); None if it has none."""
+        return str(self._core.chat_template) or None
+
+    @property
+    def special_tokens(self) -> dict[str, Any]:
+        """The target's special token ids, -1 where the vocabulary has none: bos, eos, eot,
+        fim_prefix, fim_suffix, fim_middle; add_bos: whether tokenize() puts bos first."""
+        return dict(self._core.special_tokens)
+
+    def apply_chat_template(self, messages: Sequence[Message], *, add_generation_prompt: bool = True,
+                            template: str | None = None) -> str:
+        """Formats messages ([{"role": ..., "content": ...}]) with the target's chat template, as
+        llama.cpp's built-in formatter knows it (`template`: one of its built-in template names,
+        pyspec._core.chat_builtin_templates(), instead of the target's own).
 
         role is a string; content is a string, None (no text: an empty string, as an assistant
         message that only carried tool calls), or OpenAI's list of content parts, whose text parts
@@ -439,7 +453,7 @@ class Engine:
                 raise TypeError(f"message {i} must be a dict with 'role' and 'content', got {m!r:.80}")
             check_text(f"message {i} role", m["role"])
             pairs.append((m["role"], message_text(m["content"], i)))
-        return str(self._core.apply_chat_template(pairs, add_generation_prompt))
+        return str(self._core.apply_chat_template(pairs, add_generation_prompt, template or ""))
 
     def prompt_tokens(self, prompt: Prompt) -> list[int]:
         """Token ids for a prompt given as text, token ids, or chat messages."""

@@ -77,7 +77,8 @@ def test_repack_and_huge_pages_reach_the_engine(command: str, tiny_target: str, 
 
     monkeypatch.setattr(pyspec.engine, "Engine", Recording)
     monkeypatch.setattr(pyspec.server.app, "Engine", Recording)
-    monkeypatch.setattr("uvicorn.run", lambda app, **kwargs: pyspec.server.app._start(app.state.settings, None))
+    monkeypatch.setattr("uvicorn.Server.run", lambda server: pyspec.server.app._start(server.config.app.state.settings,
+                                                                                    None))
 
     def settings_app(settings: object) -> object:
         class App:

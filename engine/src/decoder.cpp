@@ -712,10 +712,13 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
     validate(prompt, params);
     const std::unique_ptr<Drafter> drafter_owner = make_drafter(params);
     Drafter* drafter = drafter_owner.get();
-    if (params.seed) rng_.reseed(*params.seed);
+    // A seeded request draws from a stream of its own: it neither reads nor moves the engine's
+    // shared stream, so one caller's seed never sets the randomness of another's requests.
+    Rng seeded_rng(params.seed.value_or(0));
+    Rng& rng = params.seed ? seeded_rng : rng_;
 
     const auto t_start = Clock::now();
-    Request req(params, *target_, drafter, rng_);
+    Request req(params, *target_, drafter, rng);
     const PartialOnError keep_partial(req, partial, t_start);
     const DrafterMethod& method = find_drafter_method(params.method);
     if (method_uses_draft_model(method, params, has_draft(params.draft))) {
@@ -753,7 +756,7 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
         }
         const int32_t n_remaining = params.max_tokens - int32_t(req.result.tokens.size());
         const int32_t room = n_ctx - req.n_past - 1;
-        DraftRequest dreq{&req.committed, std::min({shape.depth, n_remaining - 1, room}), &params.sampling, &rng_,
+        DraftRequest dreq{&req.committed, std::min({shape.depth, n_remaining - 1, room}), &params.sampling, &rng,
                           std::min({shape.n_nodes, room, n_batch - 1}),
                           req.hidden.empty() ? nullptr : req.hidden.data()};
 

@@ -435,9 +435,34 @@ std::string Model::token_text(int32_t token) const {
     return text ? text : "";
 }
 
-std::string Model::apply_chat_template(
-        const std::vector<std::pair<std::string, std::string>>& messages, bool add_assistant) const {
+std::vector<std::string> chat_builtin_templates() {
+    const int32_t n = llama_chat_builtin_templates(nullptr, 0);
+    std::vector<const char*> names(size_t(std::max(n, 0)));
+    llama_chat_builtin_templates(names.data(), names.size());
+    return std::vector<std::string>(names.begin(), names.end());
+}
+
+std::string Model::chat_template() const {
     const char* tmpl = llama_model_chat_template(model_, nullptr);
+    return tmpl ? tmpl : "";
+}
+
+Model::SpecialTokens Model::special_tokens() const {
+    SpecialTokens out;
+    out.bos = llama_vocab_bos(vocab_);
+    out.eos = llama_vocab_eos(vocab_);
+    out.eot = llama_vocab_eot(vocab_);
+    out.fim_prefix = llama_vocab_fim_pre(vocab_);
+    out.fim_suffix = llama_vocab_fim_suf(vocab_);
+    out.fim_middle = llama_vocab_fim_mid(vocab_);
+    out.add_bos = llama_vocab_get_add_bos(vocab_);
+    return out;
+}
+
+std::string Model::apply_chat_template(
+        const std::vector<std::pair<std::string, std::string>>& messages, bool add_assistant,
+        const std::string& name) const {
+    const char* tmpl = name.empty() ? llama_model_chat_template(model_, nullptr) : name.c_str();
     if (!tmpl) throw InvalidArgumentError("model has no chat template: " + path_);
     std::vector<llama_chat_message> chat;
     size_t total = 0;
@@ -453,7 +478,10 @@ std::string Model::apply_chat_template(
         n = llama_chat_apply_template(tmpl, chat.data(), chat.size(), add_assistant, buf.data(),
                                       int32_t(buf.size()));
     }
-    if (n < 0) throw InvalidArgumentError("llama.cpp does not support this model's chat template: " + path_);
+    if (n < 0) {
+        throw InvalidArgumentError(name.empty() ? "llama.cpp does not support this model's chat template: " + path_
+                                                : "llama.cpp has no built-in chat template named '" + name + "'");
+    }
     return std::string(buf.data(), size_t(n));
 }
 

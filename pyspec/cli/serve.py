@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -19,14 +20,24 @@ if TYPE_CHECKING:
 def register(sub: Any) -> None:
     p = sub.add_parser("serve", help="serve a target (and draft) over an OpenAI-compatible HTTP API",
                        description="An OpenAI-compatible server: POST /v1/chat/completions and /v1/completions "
-                                   "(streamed or not), GET /v1/models, /health, /metrics. Requests run one at a "
-                                   "time in arrival order. Needs: pip install 'pyspec-engine[server]'.")
+                                   "(streamed or not), GET /v1/models, /health, /metrics, POST /tokenize, "
+                                   "/detokenize, /apply-template. Requests run one at a time in arrival order. "
+                                   "Needs: pip install 'pyspec-engine[server]'. docs/server.md describes it all.")
     p.add_argument("--target", required=True, help="GGUF path or registry name")
     p.add_argument("--draft", default=None, help="GGUF path or registry name of the draft model")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--model-name", default=None,
-                   help="the model id clients send (default: the target's file name without .gguf)")
+                   help="the model id responses carry and /v1/models lists first (default: the target's file name "
+                        "without .gguf); requests may name any model, the one model serves them all")
+    p.add_argument("--model-alias", action="append", default=[], metavar="NAME",
+                   help="another name /v1/models lists for the model (repeat for several)")
+    p.add_argument("--strict", action="store_true",
+                   help="refuse (400) request fields this server does not know, and (404) model names other than "
+                        "--model-name and the aliases; by default both are accepted and unknown fields ignored")
+    p.add_argument("--chat-template", default=None, metavar="FILE|NAME",
+                   help="format chat requests with this Jinja template file, or this llama.cpp built-in template "
+                        "(chatml, llama3, ...) instead of the model's own template")
     p.add_argument("--n-ctx", type=int, default=4096, help="context window in tokens (default 4096)")
     p.add_argument("--n-batch", type=int, default=512)
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
@@ -63,6 +74,25 @@ def register(sub: Any) -> None:
                         "file is moved aside and auto starts afresh)")
     p.add_argument("--stats-save-interval", type=_seconds, default=60.0, metavar="S",
                    help="seconds between saves of --stats-file (default 60)")
+    ops = p.add_argument_group("access and load")
+    ops.add_argument("--api-key", default=None, metavar="KEY",
+                     help="require 'Authorization: Bearer KEY' on every request but GET /health (default: "
+                          "$PYSPEC_API_KEY, else no key)")
+    ops.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                     help="allow browser requests from this origin (repeat for several; '*' for any)")
+    ops.add_argument("--max-queue", type=_count, default=64, metavar="N",
+                     help="requests that may wait besides the running one; more get 503 with Retry-After "
+                          "(default 64)")
+    ops.add_argument("--max-body-bytes", type=_count, default=8 * 1024 * 1024, metavar="N",
+                     help="largest request body; larger ones get 413 (default 8 MiB)")
+    ops.add_argument("--max-tokens-default", type=_count, default=2048, metavar="N",
+                     help="max_tokens of a request that sets none (default 2048; a request's own max_tokens may "
+                          "go up to the context)")
+    ops.add_argument("--sse-keepalive", type=_seconds, default=10.0, metavar="S",
+                     help="a stream waiting in the queue gets a keep-alive comment every S seconds (default 10)")
+    ops.add_argument("--shutdown-timeout", type=_seconds, default=30.0, metavar="S",
+                     help="longest shutdown: generations stopped, pool and statistics saved, distiller and engine "
+                          "closed, each wait bounded by what is left of S (default 30)")
     online = p.add_argument_group("online distillation (needs the train extra: PyTorch)")
     online.add_argument("--online", action="store_true",
                         help="distil the draft from the served traffic and hot-reload it (pyspec.online)")
@@ -87,6 +117,16 @@ def _phrase_count(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number of phrases, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"the pool holds at least 1 phrase, got {value}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
     return value
 
 
@@ -115,7 +155,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from ..server import ServerSettings, create_app
+        from ..server import ServerSettings, begin_shutdown, create_app
     except ImportError as exc:
         print(f"pyspec: error: {exc}", file=sys.stderr)
         return 1
@@ -127,10 +167,29 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         n_threads=args.threads, n_gpu_layers=args.n_gpu_layers, seed=args.seed,
         prefix_cache=not args.no_prefix_cache, pool_capacity=args.pool_capacity, defaults=defaults,
         pool_file=args.pool_file, stats_file=args.stats_file, stats_save_interval_s=args.stats_save_interval,
-        pool_save_interval_s=args.pool_save_interval, online=online, ngram=args.ngram, **engine_options(args),
+        pool_save_interval_s=args.pool_save_interval, online=online, ngram=args.ngram,
+        model_aliases=tuple(args.model_alias), strict=args.strict, chat_template=args.chat_template,
+        api_key=args.api_key or os.environ.get("PYSPEC_API_KEY") or None, cors_origins=tuple(args.cors_origin),
+        max_queue=args.max_queue, max_body_bytes=args.max_body_bytes, max_tokens_default=args.max_tokens_default,
+        keepalive_s=args.sse_keepalive, shutdown_timeout_s=args.shutdown_timeout, **engine_options(args),
     )
     level = logging.getLogger().getEffectiveLevel()
     logging.getLogger("pyspec").setLevel(min(level, logging.INFO))  # startup, pool and update lines
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="info" if args.verbose else "warning",
-                timeout_graceful_shutdown=5)
-    return 0
+    if settings.api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+        logging.getLogger("pyspec.server").warning(
+            "listening on %s without --api-key: anyone who can reach this address can use the server", args.host)
+    app = create_app(settings)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            begin_shutdown(app)  # generations stop now, so open streams end before the connections are waited for
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info" if args.verbose else "warning",
+                            timeout_graceful_shutdown=5)
+    server = Server(config)
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it handled, once the shutdown is done
+        pass
+    return 0 if server.started else 3  # 3: uvicorn's exit status for a failed start

@@ -6,8 +6,9 @@
     # uvicorn.run(app, host="127.0.0.1", port=8000)
 
 Endpoints: POST /v1/chat/completions and /v1/completions (streamed as server-sent events or
-not), GET /v1/models, /health, /metrics (Prometheus text). Requests run one at a time in arrival
-order; a client that disconnects cancels its generation.
+not), GET /v1/models, /health, /metrics (Prometheus text), POST /tokenize, /detokenize,
+/apply-template; POST /v1/embeddings answers 501. Requests run one at a time in arrival order; a
+client that disconnects cancels its generation. docs/server.md describes every option.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError('pyspec serve needs FastAPI and uvicorn: pip install "pyspec-engine[server]"') from exc
 
-from .app import ServerSettings, create_app
+from .app import ServerSettings, begin_shutdown, create_app
 from .online import OnlineSettings
 
-__all__ = ["ServerSettings", "OnlineSettings", "create_app"]
+__all__ = ["ServerSettings", "OnlineSettings", "begin_shutdown", "create_app"]

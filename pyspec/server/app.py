@@ -1,34 +1,39 @@
 """The HTTP layer: one FastAPI route per endpoint over one Engine behind one FIFO queue. Routes
-turn OpenAI requests into GenerationConfigs and results into OpenAI bodies (protocol.py); the
-engine knows nothing about HTTP."""
+turn OpenAI requests into GenerationConfigs and results into OpenAI bodies (protocol.py, serving.py);
+the engine knows nothing about HTTP. Chat templating and tokenization run on worker threads, never
+on the event loop."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
+import threading
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..config import SERVER_TEMPERATURE, GenerationConfig
 from ..engine import Engine
-from ..errors import ContextOverflowError, EngineClosedError, InvalidArgumentError
-from ..results import GenerationResult, StreamChunk
-from . import protocol
+from ..errors import InvalidArgumentError
+from ..results import GenerationResult
+from .guards import ApiKeyGuard, BodyLimit
+from .keepers import PoolKeeper, StatsKeeper
 from .metrics import ServerMetrics
 from .online import OnlineLoop, OnlineSettings
-from .keepers import PoolKeeper, StatsKeeper
-from .protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
-from .queue import STREAM_END, GenerationQueue, Job, JobCancelled
+from .protocol import (ApplyTemplateRequest, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
+                       OpenAIError, TokenizeRequest)
+from .queue import GenerationQueue, Job
+from .serving import Reply, error_response, serve
+from .templates import ChatTemplate, TemplateError
 
 log = logging.getLogger("pyspec.server")
 
@@ -61,6 +66,19 @@ class ServerSettings:
     stats_file: str | None = None
     stats_save_interval_s: float = 60.0
     online: OnlineSettings | None = None  # None: the draft stays as loaded
+    # Protocol: other names /v1/models lists for the model (any name is served); strict: unknown
+    # request fields are a 400 instead of being ignored.
+    model_aliases: tuple[str, ...] = ()
+    strict: bool = False
+    chat_template: str | None = None  # a Jinja file or a llama.cpp built-in name (None: the model's own)
+    # Operations
+    api_key: str | None = None          # requests but /health need "Authorization: Bearer <key>"
+    cors_origins: tuple[str, ...] = ()  # browser origins allowed ("*": any)
+    max_queue: int | None = None        # requests waiting besides the running one; 503 beyond (None: no limit)
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_tokens_default: int | None = 2048  # max_tokens of a request that sets none (None: the rest of the context)
+    keepalive_s: float = 10.0           # a queued stream gets a ": keep-alive" comment this often
+    shutdown_timeout_s: float = 30.0    # the whole shutdown (generation stop, saves, distiller, engine)
 
 
 @dataclass
@@ -74,11 +92,16 @@ class ServerState:
     online: OnlineLoop | None
     stats: StatsKeeper | None
     started: float
+    template: ChatTemplate
+    model_names: tuple[str, ...] = ()  # the name and the aliases, as /v1/models lists them
+    ignored_fields: set[str] = field(default_factory=set)  # unknown request fields logged once each
 
 
 def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAPI:
     """The ASGI application. The engine is loaded at startup (uvicorn accepts connections once
-    it is ready) unless one is given; it is closed at shutdown either way."""
+    it is ready) unless one is given; it is closed at shutdown either way. Call begin_shutdown(app)
+    when the shutdown starts (the command line does on SIGINT/SIGTERM) to stop the generations
+    before the server waits for open connections."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -92,7 +115,22 @@ def create_app(settings: ServerSettings, engine: Engine | None = None) -> FastAP
     app = FastAPI(title="pyspec", version="0.1.0", lifespan=lifespan)
     _add_error_handlers(app)
     _add_routes(app)
+    # The last added is the outermost: CORS (its preflights need no key), then the key, then the body limit.
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    if settings.api_key:
+        app.add_middleware(ApiKeyGuard, api_key=settings.api_key)
+    if settings.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["*"],
+                           allow_headers=["*"], allow_credentials="*" not in settings.cors_origins)
     return app
+
+
+def begin_shutdown(app: FastAPI) -> None:
+    """Refuses new generations and stops the running and waiting ones (streams end with an error
+    event and [DONE], waiting requests get 503). Safe from a signal handler; returns at once."""
+    state: ServerState | None = getattr(app.state, "pyspec", None)
+    if state is not None:
+        state.queue.cancel_all()
 
 
 def _start(settings: ServerSettings, engine: Engine | None) -> ServerState:
@@ -102,6 +140,7 @@ def _start(settings: ServerSettings, engine: Engine | None) -> ServerState:
                         prefix_cache=settings.prefix_cache, pool_capacity=settings.pool_capacity,
                         repack=settings.repack, huge_pages=settings.huge_pages, ngram=settings.ngram,
                         flash_attn=settings.flash_attn)
+    template = ChatTemplate(engine, settings.chat_template)
     metrics = ServerMetrics()
     pool = None
     if settings.pool_file:
@@ -122,67 +161,85 @@ def _start(settings: ServerSettings, engine: Engine | None) -> ServerState:
                 online.submit(result)
 
     name = settings.model_name or Path(engine.target_path).name.removesuffix(".gguf")
-    log.info("serving %s (draft: %s)", name, engine.draft_path)
-    return ServerState(settings, engine, name, GenerationQueue(engine, [observe]), metrics, pool, online,
-                       stats, time.time())
+    names = tuple(dict.fromkeys((name, *settings.model_aliases)))
+    log.info("serving %s (draft: %s); chat template: %s", name, engine.draft_path, template.description)
+    queue = GenerationQueue(engine, [observe], max_waiting=settings.max_queue)
+    return ServerState(settings, engine, name, queue, metrics, pool, online, stats, time.time(), template, names)
 
 
 def _stop(state: ServerState) -> None:
-    state.queue.close()
+    """Stops the generations, saves the pool and the statistics, then closes the distiller and the
+    engine: what must reach the disk comes first, and every wait has a share of
+    settings.shutdown_timeout_s, so that a supervisor's kill after that time loses nothing saved."""
+    deadline = time.monotonic() + state.settings.shutdown_timeout_s
+
+    def left() -> float:
+        return max(0.1, deadline - time.monotonic())
+
+    t0 = time.monotonic()
+    state.queue.close(timeout=left())
+    for keeper in (state.pool, state.stats):
+        if keeper is not None:
+            _within(keeper.close, left(), f"saving the {keeper.what}")
     if state.online is not None:
-        state.online.close()
-    if state.pool is not None:
-        state.pool.close()
-    if state.stats is not None:
-        state.stats.close()
-    state.engine.close()
+        _within(lambda: state.online.close(timeout=left()), left(), "closing the online distiller")  # type: ignore[union-attr]
+    _within(state.engine.close, left(), "closing the engine")
+    log.info("shut down in %.1f s", time.monotonic() - t0)
+
+
+def _within(fn: Callable[[], object], timeout: float, what: str) -> bool:
+    """Runs fn on a thread of its own and waits at most `timeout` seconds; False (logged) when it
+    had not finished (it goes on in the background, a daemon thread the process exit ends)."""
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as exc:  # reported below
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name="pyspec-shutdown", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        log.error("%s did not finish within %.1f s; going on with the shutdown", what, timeout)
+        return False
+    if failure:
+        log.error("%s failed: %s", what, failure[0], exc_info=failure[0])
+        return False
+    return True
 
 
 # -- errors ------------------------------------------------------------------------------------
 
 
-def _error_response(error: OpenAIError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status)
-
-
-def _from_engine_error(exc: Exception) -> OpenAIError:
-    if isinstance(exc, ContextOverflowError):
-        return OpenAIError(400, str(exc), code="context_length_exceeded", param="messages")
-    if isinstance(exc, (InvalidArgumentError, TypeError, ValueError)):
-        return OpenAIError(400, str(exc))
-    if isinstance(exc, EngineClosedError):
-        return OpenAIError(503, "the server is shutting down", type="server_error")
-    log.error("generation failed", exc_info=exc)
-    return OpenAIError(500, f"{type(exc).__name__}: {exc}", type="server_error")
-
-
 def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(OpenAIError)
     async def openai_error(_: Request, exc: OpenAIError) -> JSONResponse:
-        return _error_response(exc)
+        return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
         first = errors[0] if errors else {}
         if first.get("type") == "json_invalid":
-            return _error_response(OpenAIError(400, f"malformed JSON body: {first.get('ctx', {}).get('error', '')}"))
+            return error_response(OpenAIError(400, f"malformed JSON body: {first.get('ctx', {}).get('error', '')}"))
         loc = [str(p) for p in first.get("loc", ()) if p != "body"]
         where = ".".join(loc)
         message = f"{where}: {first.get('msg', 'invalid value')}" if where else str(first.get("msg", "invalid body"))
         if len(errors) > 1:
             message += f" (and {len(errors) - 1} more problem(s))"
-        return _error_response(OpenAIError(400, message, param=where or None))
+        return error_response(OpenAIError(400, message, param=where or None))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return _error_response(OpenAIError(exc.status_code, str(exc.detail), type=kind))
+        return error_response(OpenAIError(exc.status_code, str(exc.detail), type=kind))
 
     @app.exception_handler(Exception)
     async def unexpected(_: Request, exc: Exception) -> JSONResponse:
         log.error("unexpected error", exc_info=exc)
-        return _error_response(OpenAIError(500, f"{type(exc).__name__}: {exc}", type="server_error"))
+        return error_response(OpenAIError(500, f"{type(exc).__name__}: {exc}", type="server_error"))
 
 
 # -- routes ------------------------------------------------------------------------------------
@@ -196,18 +253,20 @@ def _add_routes(app: FastAPI) -> None:
     @app.get("/health")
     async def health(request: Request) -> dict[str, Any]:
         state = _state(request)
-        return {"status": "ok", "model": state.model_name, "queue_depth": state.queue.depth,
-                "draft_version": state.engine.draft_version}
+        return {"status": "stopping" if state.queue.closed else "ok", "model": state.model_name,
+                "queue_depth": state.queue.depth, "draft_version": state.engine.draft_version}
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> dict[str, Any]:
-        return {"object": "list", "data": [_model_card(_state(request))]}
+        state = _state(request)
+        return {"object": "list", "data": [_model_card(state, name) for name in state.model_names]}
 
     @app.get("/v1/models/{model_id:path}")
     async def get_model(model_id: str, request: Request) -> dict[str, Any]:
         state = _state(request)
-        _check_model(state, model_id)
-        return _model_card(state)
+        if state.settings.strict and model_id not in state.model_names:
+            raise _unknown_model(state, model_id)
+        return _model_card(state, model_id)
 
     @app.get("/metrics")
     async def metrics(request: Request) -> PlainTextResponse:
@@ -218,37 +277,120 @@ def _add_routes(app: FastAPI) -> None:
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         state = _state(request)
-        body.check_supported()
-        _check_model(state, body.model)
-        try:
-            tokens = state.engine.prompt_tokens(body.messages_for_template())
-        except (InvalidArgumentError, TypeError) as exc:
-            raise OpenAIError(400, str(exc), param="messages") from exc
+        _check_request(state, body, body.check_supported(state.settings.strict))
+        messages = body.messages_for_template()
+
+        def prepare() -> list[int]:
+            rendered = state.template.render(messages, kwargs=body.chat_template_kwargs)
+            return state.template.tokens(rendered.text)
+
+        tokens = await _off_loop(prepare, "messages")
         config = _config(state, body, tokens, body.engine_logprobs(), "messages")
-        return await _serve(request, state, "chat", tokens, config, body.stream, body.stream_options)
+        return await serve(request, state, _reply(state, body, "chat"), tokens, config)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
         state = _state(request)
-        body.check_supported()
-        _check_model(state, body.model)
+        _check_request(state, body, body.check_supported(state.settings.strict))
         prompt = body.single_prompt()
-        try:
-            tokens = state.engine.prompt_tokens(prompt)
-        except (InvalidArgumentError, TypeError) as exc:
-            raise OpenAIError(400, str(exc), param="prompt") from exc
+        if body.suffix:
+            assert isinstance(prompt, str)  # check_supported refused token ids with a suffix
+            tokens = await _off_loop(lambda: _fill_in_the_middle(state.engine, prompt, body.suffix or ""), "suffix")
+        else:
+            tokens = await _off_loop(lambda: state.engine.prompt_tokens(prompt), "prompt")
         config = _config(state, body, tokens, body.logprobs, "prompt")
-        return await _serve(request, state, "completion", tokens, config, body.stream, body.stream_options)
+        return await serve(request, state, _reply(state, body, "completion"), tokens, config)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> Response:
+        return error_response(OpenAIError(501, "embeddings are not served: pyspec runs a generation model (its "
+                                               "hidden states are not a trained sentence embedding); use an "
+                                               "embedding model's server", type="not_implemented_error",
+                                          code="not_implemented"))
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
+        engine = _state(request).engine
+        ids = await _off_loop(lambda: engine.tokenize(body.content, add_special=body.add_special,
+                                                      parse_special=body.parse_special), "content")
+        if not body.with_pieces:
+            return {"tokens": ids}
+        pieces = []
+        for token in ids:
+            raw = engine.token_bytes(token)
+            try:
+                pieces.append({"id": token, "piece": raw.decode("utf-8")})
+            except UnicodeDecodeError:  # part of a character: its bytes, as llama-server gives them
+                pieces.append({"id": token, "piece": list(raw)})
+        return {"tokens": pieces}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest, request: Request) -> dict[str, Any]:
+        engine = _state(request).engine
+        n_vocab = engine.n_vocab
+        for i, token in enumerate(body.tokens):
+            if not 0 <= token < n_vocab:
+                raise OpenAIError(400, f"tokens[{i}] = {token} is outside the vocabulary [0, {n_vocab})",
+                                  param="tokens")
+        return {"content": await _off_loop(lambda: engine.detokenize(body.tokens), "tokens")}
+
+    @app.post("/apply-template")
+    async def apply_template(body: ApplyTemplateRequest, request: Request) -> dict[str, Any]:
+        state = _state(request)
+        messages = body.messages_for_template()
+        rendered = await _off_loop(lambda: state.template.render(messages, kwargs=body.chat_template_kwargs),
+                                   "messages")
+        return {"prompt": rendered.text, "formatted_by": rendered.source}
 
 
-def _model_card(state: ServerState) -> dict[str, Any]:
-    return {"id": state.model_name, "object": "model", "created": int(state.started), "owned_by": "pyspec"}
+async def _off_loop(fn: Callable[[], Any], param: str) -> Any:
+    """Runs fn (templating, tokenizing) on a worker thread; its argument errors are a 400 on `param`."""
+    try:
+        return await asyncio.to_thread(fn)
+    except (InvalidArgumentError, TemplateError, TypeError) as exc:
+        raise OpenAIError(400, str(exc), param=param) from exc
 
 
-def _check_model(state: ServerState, model: str | None) -> None:
-    if model is not None and model != state.model_name:
-        raise OpenAIError(404, f"The model '{model}' does not exist; this server serves '{state.model_name}'",
-                          param="model", code="model_not_found", type="not_found_error")
+def _fill_in_the_middle(engine: Engine, prefix: str, suffix: str) -> list[int]:
+    """The prompt of a fill-in-the-middle completion: <prefix marker> prefix <suffix marker>
+    suffix <middle marker>, the marker tokens being the model's own (Qwen2.5-Coder:
+    <|fim_prefix|>, <|fim_suffix|>, <|fim_middle|>); the text in between is tokenized as plain
+    text (marker text inside it is not a marker)."""
+    special = engine.special_tokens
+    markers = (special["fim_prefix"], special["fim_suffix"], special["fim_middle"])
+    if min(markers) < 0:
+        raise OpenAIError(400, "suffix (fill-in-the-middle) needs a model with fill-in-the-middle tokens; this "
+                               "model has none (a coder model such as Qwen2.5-Coder has them)", param="suffix")
+    pre, suf, mid = markers
+    start = engine.tokenize("", add_special=True, parse_special=False)  # bos where the model wants one
+    text = (lambda t: engine.tokenize(t, add_special=False, parse_special=False))
+    return [*start, pre, *text(prefix), suf, *text(suffix), mid]
+
+
+def _model_card(state: ServerState, name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": int(state.started), "owned_by": "pyspec"}
+
+
+def _unknown_model(state: ServerState, model: str) -> OpenAIError:
+    return OpenAIError(404, f"The model '{model}' does not exist; this server serves "
+                            f"{', '.join(repr(n) for n in state.model_names)}",
+                       param="model", code="model_not_found", type="not_found_error")
+
+
+def _check_request(state: ServerState, body: Any, unknown: list[str]) -> None:
+    """Strict mode: only the served names. Otherwise: unknown fields logged, once per name."""
+    if state.settings.strict and body.model is not None and body.model not in state.model_names:
+        raise _unknown_model(state, body.model)
+    new = [name for name in unknown if name not in state.ignored_fields]
+    if new:
+        state.ignored_fields.update(new)
+        log.warning("ignoring request field(s) this server does not know: %s (logged once per name; --strict "
+                    "refuses them)", ", ".join(new))
+
+
+def _reply(state: ServerState, body: Any, endpoint: str) -> Reply:
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return Reply(endpoint, state.model_name, body.stream, include_usage)
 
 
 def _config(state: ServerState, body: Any, tokens: list[int], logprobs: int | None, prompt_param: str
@@ -261,7 +403,10 @@ def _config(state: ServerState, body: Any, tokens: list[int], logprobs: int | No
                                f"{len(tokens)} tokens (at least one token must be left to generate)",
                           param=prompt_param, code="context_length_exceeded")
     limit = body.token_limit()
-    max_tokens = limit if limit is not None else n_ctx - len(tokens)
+    if limit is None:
+        limit = state.settings.max_tokens_default
+    room = n_ctx - len(tokens)
+    max_tokens = min(limit, room) if limit is not None else room
     config = body.generation_config(state.settings.defaults, max_tokens, logprobs)
     # The trace feeds the online distiller only: not computed when nobody reads it.
     return config.replace(trace_top_k=config.trace_top_k if state.online is not None else 0)
@@ -279,134 +424,3 @@ def _gauges(state: ServerState) -> Iterable[tuple[str, str, str, float]]:
     yield "pyspec_uptime_seconds", "Seconds since the server started.", "", time.time() - state.started
     if state.online is not None:
         yield from state.online.gauges()
-
-
-# -- running a request -------------------------------------------------------------------------
-
-
-async def _serve(request: Request, state: ServerState, endpoint: str, tokens: list[int], config: GenerationConfig,
-                 stream: bool, stream_options: Any) -> Response:
-    loop = asyncio.get_running_loop()
-    job = Job(tokens=tokens, config=config, loop=loop, future=loop.create_future(),
-              chunks=asyncio.Queue() if stream else None, endpoint=endpoint)
-    # A handler that returned early (its client left) never reads the outcome: mark it read.
-    job.future.add_done_callback(lambda f: f.cancelled() or f.exception())
-    state.queue.submit(job)
-    watcher = asyncio.create_task(_wait_for_disconnect(request, job))
-    # Wait for the result (or, streaming, the first piece): errors found when the generation
-    # starts (bad settings) are still answered with their status, before any stream begins.
-    assert job.chunks is not None or not stream
-    first: Any = asyncio.ensure_future(job.chunks.get()) if job.chunks is not None else job.future
-    try:
-        await asyncio.wait({first, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        job.cancel()
-        watcher.cancel()
-        raise
-    if not first.done():  # the client went away: its generation stops at its next piece
-        first.cancel()
-        job.cancel()
-        state.metrics.count_request(endpoint, "cancelled")
-        return Response(status_code=499)
-    if stream:
-        item = first.result()
-        if item is STREAM_END:  # ended before any text: an error still gets its status
-            await asyncio.wait({job.future})
-        if item is not STREAM_END or job.future.exception() is None:
-            include_usage = bool(stream_options and stream_options.include_usage)
-            return StreamingResponse(_stream(state, endpoint, job, item, watcher, include_usage),
-                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    watcher.cancel()
-    try:
-        result = job.future.result()
-    except JobCancelled:
-        state.metrics.count_request(endpoint, "cancelled")
-        return Response(status_code=499)
-    except Exception as exc:
-        state.metrics.count_request(endpoint, "error")
-        return _error_response(_from_engine_error(exc))
-    state.metrics.count_request(endpoint, "ok")
-    token_bytes = state.engine.token_bytes
-    body = (protocol.chat_response if endpoint == "chat" else protocol.completion_response)(
-        result, state.model_name, token_bytes)
-    return JSONResponse(body)
-
-
-async def _wait_for_disconnect(request: Request, job: Job) -> None:
-    """Returns when the client disconnects (the body has been read: the next ASGI message is the
-    disconnect) and cancels the job then."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            job.cancel()
-            return
-
-
-def _sse(data: Any) -> str:
-    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
-
-
-async def _stream(state: ServerState, endpoint: str, job: Job, first: object, watcher: "asyncio.Task[None]",
-                  include_usage: bool) -> AsyncIterator[str]:
-    """Server-sent events in OpenAI's chunk format, then `data: [DONE]`. Cancelling this
-    generator (Starlette does when the client disconnects) cancels the generation."""
-    chat = endpoint == "chat"
-    ident = protocol.new_id("chatcmpl" if chat else "cmpl")
-    created = int(time.time())
-    token_bytes = state.engine.token_bytes
-    n_text = 0  # characters streamed so far (completions' text_offset)
-
-    def chunk(choice: dict[str, Any], usage: dict[str, Any] | None = None) -> dict[str, Any]:
-        body: dict[str, Any] = {"id": ident, "object": "chat.completion.chunk" if chat else "text_completion",
-                                "created": created, "model": state.model_name,
-                                "choices": [choice] if choice else []}
-        if include_usage:
-            body["usage"] = usage
-        return body
-
-    def piece(item: StreamChunk) -> dict[str, Any]:
-        nonlocal n_text
-        if chat:
-            lp = protocol.chat_logprobs(item.logprobs, token_bytes) if item.logprobs is not None else None
-            choice = {"index": 0, "delta": {"content": item.text}, "logprobs": lp, "finish_reason": None}
-        else:
-            lp = protocol.completion_logprobs(item.logprobs, token_bytes, n_text) if item.logprobs is not None else None
-            choice = {"index": 0, "text": item.text, "logprobs": lp, "finish_reason": None}
-        n_text += len(item.text)
-        return chunk(choice)
-
-    outcome = "cancelled"
-    try:
-        if chat:
-            yield _sse(chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                              "finish_reason": None}))
-        assert job.chunks is not None
-        item = first
-        while item is not STREAM_END:
-            if item.text or item.logprobs is not None:  # type: ignore[attr-defined]
-                yield _sse(piece(item))  # type: ignore[arg-type]
-            item = await job.chunks.get()
-        try:
-            result = await job.future
-        except JobCancelled:
-            return
-        except Exception as exc:  # the stream has started: the error goes in the stream
-            outcome = "error"
-            yield _sse(_from_engine_error(exc).body())
-            yield "data: [DONE]\n\n"
-            return
-        if result.finish_reason == "cancelled":
-            return
-        final = {"index": 0, "finish_reason": result.finish_reason, "logprobs": None}
-        final.update({"delta": {}} if chat else {"text": ""})
-        body = chunk(final)
-        body["pyspec"] = protocol.speculation_summary(result)
-        yield _sse(body)
-        if include_usage:
-            yield _sse(chunk({}, protocol.usage(result)))
-        outcome = "ok"
-        yield "data: [DONE]\n\n"
-    finally:
-        job.cancel()  # no-op once finished; stops the generation when the client went away
-        watcher.cancel()
-        state.metrics.count_request(endpoint, outcome)

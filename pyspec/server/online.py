@@ -18,6 +18,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -81,11 +82,22 @@ class OnlineLoop:
                 except queue.Empty:
                     pass
 
-    def close(self) -> None:
-        """Stops observing, then closes the distiller (which waits for a running update)."""
-        self._results.put(None)
-        self._thread.join()
-        self.distiller.close()
+    def close(self, timeout: float | None = None) -> None:
+        """Stops observing (generations still waiting for the distiller are dropped), then closes
+        the distiller, waiting at most `timeout` seconds for a running update (None: no limit)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:  # never blocks on a full backlog: drop what waits, then the end marker fits
+            try:
+                self._results.put_nowait(None)
+                break
+            except queue.Full:
+                try:
+                    self._results.get_nowait()
+                    self.n_dropped += 1
+                except queue.Empty:
+                    pass
+        self._thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        self.distiller.close(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def gauges(self) -> Iterable[tuple[str, str, str, float]]:
         s = self.distiller.stats()

@@ -10,6 +10,8 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..config import GenerationConfig
+from ..engine import message_text  # a pure function: content parts to text
+from ..errors import InvalidArgumentError
 from ..results import GenerationResult, TokenLogprobs
 
 # Per-request speculative settings accepted as extra body fields (the openai client's
@@ -49,11 +51,12 @@ class StreamOptions(BaseModel):
 
 class _SamplingRequest(BaseModel):
     """Fields the chat and completion endpoints share. Extra fields are kept for the
-    speculative settings (SPECULATIVE_FIELDS); any other unknown field is an error."""
+    speculative settings (SPECULATIVE_FIELDS); other unknown fields are ignored (clients send
+    their own extras), or refused in strict mode."""
 
     model_config = ConfigDict(extra="allow")
 
-    model: str | None = None  # None: the served model
+    model: str | None = None  # any name: the one model serves it
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
@@ -62,29 +65,32 @@ class _SamplingRequest(BaseModel):
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    # Accepted for compatibility when they ask for nothing this server would have to do.
+    # Accepted when they ask for nothing: the target's sampling does not apply them (yet), and a
+    # request that asks for them is refused rather than served without them.
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
 
-    def check_supported(self) -> None:
-        """Raises OpenAIError (400) for what is valid OpenAI but not served here."""
+    def check_supported(self, strict: bool = False) -> list[str]:
+        """Raises OpenAIError (400) for what is valid OpenAI but not served here. Returns the
+        unknown fields the request carries (ignored); strict: they are a 400 instead."""
         if self.n != 1:
             raise OpenAIError(400, f"n={self.n} is not supported: this server returns one choice (n=1)", param="n")
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name):
-                raise OpenAIError(400, f"{name} is not supported (the output is exactly the target model's)",
-                                  param=name)
+                raise OpenAIError(400, f"{name}={getattr(self, name)} is not supported: the target's sampling applies "
+                                       f"no penalties (send 0 or leave it out)", param=name)
         if self.logit_bias:
-            raise OpenAIError(400, "logit_bias is not supported (the output is exactly the target model's)",
-                              param="logit_bias")
+            raise OpenAIError(400, "logit_bias is not supported: the target's sampling applies no biases (send {} "
+                                   "or leave it out)", param="logit_bias")
         if isinstance(self.stop, list) and any(not s for s in self.stop) or self.stop == "":
             raise OpenAIError(400, "stop strings must not be empty", param="stop")
         unknown = sorted(set(self.model_extra or {}) - set(SPECULATIVE_FIELDS) - set(self._ignored_fields()))
-        if unknown:
+        if unknown and strict:
             raise OpenAIError(400, f"unrecognized request argument(s): {', '.join(unknown)}; pyspec settings: "
                                    f"{', '.join(SPECULATIVE_FIELDS)}", param=unknown[0])
+        return unknown
 
     @staticmethod
     def _ignored_fields() -> tuple[str, ...]:
@@ -106,13 +112,15 @@ class _SamplingRequest(BaseModel):
             if name in SPECULATIVE_FIELDS:
                 options[name] = value
         try:
-            return defaults.replace(**options)
-        except TypeError as exc:  # replace() names unknown fields; cannot happen for the list above
+            config = defaults.replace(**options)
+            config.to_core()  # every value checked here, before the request waits in the queue
+        except (TypeError, InvalidArgumentError) as exc:  # a field of the wrong type or out of range
             raise OpenAIError(400, str(exc)) from exc
+        return config
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")  # name, tool_call_id, ...: not used by the template
+    model_config = ConfigDict(extra="allow")  # name, tool_calls, tool_call_id, ...: given to Jinja templates
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[dict[str, Any]], None] = None
@@ -131,9 +139,10 @@ class ChatCompletionRequest(_SamplingRequest):
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     response_format: ResponseFormat | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # extra variables for the Jinja chat template
 
-    def check_supported(self) -> None:
-        super().check_supported()
+    def check_supported(self, strict: bool = False) -> list[str]:
+        unknown = super().check_supported(strict)
         if self.top_logprobs is not None and not self.logprobs:
             raise OpenAIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
         if self.tools:
@@ -141,6 +150,7 @@ class ChatCompletionRequest(_SamplingRequest):
         if self.response_format is not None and self.response_format.type != "text":
             raise OpenAIError(400, f"response_format {self.response_format.type!r} is not supported (only 'text')",
                               param="response_format")
+        return unknown
 
     def engine_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
@@ -149,7 +159,16 @@ class ChatCompletionRequest(_SamplingRequest):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def messages_for_template(self) -> list[dict[str, Any]]:
-        return [{"role": m.role, "content": m.content} for m in self.messages]
+        """The messages as a chat template reads them: content as text (content parts joined),
+        every other field the client sent kept."""
+        out = []
+        for i, m in enumerate(self.messages):
+            try:
+                content = message_text(m.content, i)
+            except (InvalidArgumentError, TypeError) as exc:
+                raise OpenAIError(400, str(exc), param=f"messages.{i}.content") from exc
+            out.append({**(m.model_extra or {}), "role": m.role, "content": content})
+        return out
 
 
 class CompletionRequest(_SamplingRequest):
@@ -159,14 +178,16 @@ class CompletionRequest(_SamplingRequest):
     suffix: str | None = None
     best_of: int | None = None
 
-    def check_supported(self) -> None:
-        super().check_supported()
+    def check_supported(self, strict: bool = False) -> list[str]:
+        unknown = super().check_supported(strict)
         if self.echo:
             raise OpenAIError(400, "echo is not supported", param="echo")
-        if self.suffix:
-            raise OpenAIError(400, "suffix is not supported", param="suffix")
         if self.best_of not in (None, 1):
             raise OpenAIError(400, "best_of is not supported (n=1)", param="best_of")
+        if self.suffix and not isinstance(self.single_prompt(), str):
+            raise OpenAIError(400, "suffix (fill-in-the-middle) needs the prompt as text, not token ids",
+                              param="suffix")
+        return unknown
 
     def single_prompt(self) -> str | list[int]:
         """The one prompt, as text or token ids; a batch of several is an error."""
@@ -183,6 +204,34 @@ class CompletionRequest(_SamplingRequest):
 
     def token_limit(self) -> int | None:
         return self.max_tokens
+
+
+class TokenizeRequest(BaseModel):
+    """POST /tokenize, in llama-server's shape."""
+
+    model_config = ConfigDict(extra="ignore")
+    content: str
+    add_special: bool = False    # bos where the model wants one
+    parse_special: bool = True   # special-token text ("<|im_start|>") becomes that token
+    with_pieces: bool = False    # [{"id", "piece"}] instead of ids
+
+
+class DetokenizeRequest(BaseModel):
+    """POST /detokenize, in llama-server's shape."""
+
+    model_config = ConfigDict(extra="ignore")
+    tokens: list[int]
+
+
+class ApplyTemplateRequest(BaseModel):
+    """POST /apply-template: the prompt a chat request would be given, without generating."""
+
+    model_config = ConfigDict(extra="ignore")
+    messages: list[ChatMessage] = Field(min_length=1)
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def messages_for_template(self) -> list[dict[str, Any]]:
+        return ChatCompletionRequest.messages_for_template(self)  # type: ignore[arg-type]
 
 
 # -- responses ---------------------------------------------------------------------------------

@@ -50,7 +50,7 @@ struct GenerateParams {
     // -1: no log-probabilities (nothing computed). k >= 0: each generated token's log-probability
     // and those of the k likeliest tokens of the same target row (GenerateResult::token_logprobs).
     int32_t logprobs = -1;
-    std::optional<uint64_t> seed;  // reseed the engine's RNG for this request
+    std::optional<uint64_t> seed;  // this request's own random stream (the engine's stays as it is)
 };
 
 struct Stats {

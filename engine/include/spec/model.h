@@ -52,6 +52,10 @@ struct BatchToken {
     bool output;
 };
 
+// Names of llama.cpp's built-in chat templates (what Model::apply_chat_template's tmpl accepts
+// besides template text), e.g. "chatml", "llama3".
+std::vector<std::string> chat_builtin_templates();
+
 class Model {
 public:
     // Loads `path` and creates a context. Throws ModelLoadError (missing file, not GGUF, truncated,
@@ -98,11 +102,22 @@ public:
                        std::vector<int32_t>* fence = nullptr) const;
     std::string token_text(int32_t token) const;  // the vocabulary entry as stored in the GGUF
 
-    // Formats a conversation with the model's built-in chat template (llama_chat_apply_template).
-    // messages: (role, content) pairs. Throws InvalidArgumentError when the model has no template
-    // or llama.cpp does not support it.
+    // Formats a conversation with llama.cpp's built-in chat templates (llama_chat_apply_template).
+    // messages: (role, content) pairs. tmpl: a built-in template's name (llama_chat_builtin_templates)
+    // or template text that llama.cpp recognises; "" = the model's own. Throws InvalidArgumentError
+    // when the model has no template or llama.cpp does not support it.
     std::string apply_chat_template(const std::vector<std::pair<std::string, std::string>>& messages,
-                                    bool add_assistant) const;
+                                    bool add_assistant, const std::string& tmpl = "") const;
+    // The model's tokenizer.chat_template metadata (Jinja text); "" when the file has none.
+    std::string chat_template() const;
+
+    // Special token ids of the vocabulary; -1 where the vocabulary has none.
+    struct SpecialTokens {
+        int32_t bos = -1, eos = -1, eot = -1;
+        int32_t fim_prefix = -1, fim_suffix = -1, fim_middle = -1;  // fill-in-the-middle markers
+        bool add_bos = false;  // tokenize(..., add_special=true) puts bos first
+    };
+    SpecialTokens special_tokens() const;
 
     // Runs one decode. Rows of logits are produced for the tokens with output=true, in batch order;
     // read them with logits(i) (i = index among the output rows). Throws ContextOverflowError when
