@@ -4,7 +4,8 @@
 # llama.cpp itself (llama-cpp-python's libllama) is used as installed, uninstrumented.
 #
 #   scripts/sanitize.sh                  # everything (C++ tests, then the Python tests)
-#   scripts/sanitize.sh cpp              # the C++ tests only
+#   scripts/sanitize.sh cpp              # the C++ tests only (test_c_api among them)
+#   scripts/sanitize.sh capi             # the C API's boundary test only (tests/cpp/test_c_api.cpp)
 #   scripts/sanitize.sh python [ARGS]    # the Python tests only; ARGS go to pytest (test paths
 #                                        # relative to the repository, e.g. tests/test_auto.py)
 #
@@ -28,17 +29,24 @@ SAN="-fsanitize=address,undefined -fno-omit-frame-pointer"
 SITE=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 NANOBIND=$($PY -m nanobind --cmake_dir)
 MODEL=$BUILD/tiny.gguf
-$PY -c "from pyspec._models.tiny import build_tiny_model; build_tiny_model('$MODEL', seed=0)" 2>/dev/null ||
-  PYTHONPATH=$ROOT $PY -c "import sys; sys.path.insert(0, 'models'); from tiny import build_tiny_model; build_tiny_model('$MODEL', seed=0)"
+OTHER_VOCAB=$BUILD/tiny_other_vocab.gguf  # the C API's wrong-vocabulary case
+BUILD_MODELS="build_tiny_model('$MODEL', seed=0); build_tiny_model('$OTHER_VOCAB', seed=0, n_merges=150)"
+$PY -c "from pyspec._models.tiny import build_tiny_model; $BUILD_MODELS" 2>/dev/null ||
+  PYTHONPATH=$ROOT $PY -c "import sys; sys.path.insert(0, 'models'); from tiny import build_tiny_model; $BUILD_MODELS"
 
 echo "== configure and build (sanitized) in $BUILD"
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_C_FLAGS="$SAN" -DCMAKE_CXX_FLAGS="$SAN" \
   -DCMAKE_EXE_LINKER_FLAGS="$SAN" -DCMAKE_SHARED_LINKER_FLAGS="$SAN" -DCMAKE_MODULE_LINKER_FLAGS="$SAN" \
   -DPYSPEC_BUILD_TESTS=ON -DPYSPEC_TEST_MODEL="$MODEL" \
+  -DPYSPEC_BUILD_SHARED=ON -DPYSPEC_TEST_OTHER_VOCAB_MODEL="$OTHER_VOCAB" \
   -DSKBUILD=ON -DCMAKE_PREFIX_PATH="$SITE;$NANOBIND" -DPython_EXECUTABLE="$(command -v "$PY")" >"$LOGS/configure.txt"
-cmake --build "$BUILD" -j2 --target test_verify test_lookup test_tree test_phrase_pool test_schedule test_cost_model \
-  test_pool_file test_model _core >"$LOGS/build.txt"
+if [ "$WHAT" = capi ]; then
+  cmake --build "$BUILD" -j2 --target test_c_api >"$LOGS/build.txt"
+else
+  cmake --build "$BUILD" -j2 --target test_verify test_lookup test_tree test_phrase_pool test_schedule test_cost_model \
+    test_pool_file test_model test_c_api _core >"$LOGS/build.txt"
+fi
 
 # Reports stop the process; leaks are checked in the C++ tests (the interpreter keeps objects
 # alive on purpose at exit, so not under Python).
@@ -48,6 +56,13 @@ status=0
 if [ "$WHAT" = all ] || [ "$WHAT" = cpp ]; then
   echo "== C++ unit tests under ASan + UBSan (leak checking on)"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 ctest --test-dir "$BUILD" --output-on-failure \
+    >"$LOGS/ctest.txt" 2>&1 || status=1
+  tail -n 3 "$LOGS/ctest.txt"
+fi
+
+if [ "$WHAT" = capi ]; then
+  echo "== the C API's boundary test under ASan + UBSan (leak checking on)"
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 ctest --test-dir "$BUILD" -R '^test_c_api$' --output-on-failure \
     >"$LOGS/ctest.txt" 2>&1 || status=1
   tail -n 3 "$LOGS/ctest.txt"
 fi
