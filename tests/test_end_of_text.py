@@ -189,3 +189,34 @@ def test_end_of_text_inside_drafts_stops_like_plain(engine, cold, plain, name: s
     cold_turn = cold.generate(follow, max_tokens=MAX_TOKENS, draft=draft, **options)
     assert warm_turn.tokens == cold_turn.tokens
     assert warm_turn.stats.n_prompt_cached >= len(first.prompt_tokens) + len(first.tokens) - 1
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_stop_string_inside_drafts_stops_like_plain(engine, plain, name: str) -> None:
+    """A stop string completed by a draft token: the same tokens and text as plain decoding,
+    finish reason "stop", and the accepted tokens after it not counted."""
+    options = METHODS[name]
+    n_inside = 0
+    for prompt in PROMPTS[:6]:
+        reference = plain[prompt]
+        cut = len(reference.tokens) * 2 // 3
+        stop = engine.detokenize(reference.tokens[cut - 2: cut])
+        if not stop.strip() or "\ufffd" in stop:
+            continue
+        expected = engine.generate(prompt, max_tokens=MAX_TOKENS, method="none", stop=[stop])
+        assert expected.finish_reason == "stop" and stop not in expected.text
+        for draft in ([""] if name == "lookup" else ["", "same"]):
+            result = engine.generate(prompt, max_tokens=MAX_TOKENS, draft=draft, stop=[stop], **options)
+            assert result.tokens == expected.tokens
+            assert result.text == expected.text
+            assert result.finish_reason == "stop"
+            s, t = result.stats, result.trace
+            last = t.n_steps - 1
+            # The token that completed the stop string came from the last step's accepted draft
+            # or was the step's own target token.
+            inside = len(result.tokens) - 1 < t.positions[last] + t.n_accepted[last]
+            n_inside += inside
+            assert s.n_accepted + s.n_target_calls == s.n_generated + inside
+            assert sum(i * c for i, c in enumerate(s.accept_histogram)) == s.n_accepted
+    if name != "lookup":
+        assert n_inside > 0
