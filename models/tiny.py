@@ -268,6 +268,7 @@ def build_tiny_model(
     arch: str = "llama",
     tied_output: bool = False,
     fim: bool = False,
+    eos_gain: float = 0.0,
 ) -> Path:
     """Write a tiny random `llama` GGUF to `path` and return the path.
 
@@ -277,6 +278,10 @@ def build_tiny_model(
     The output rows of the special tokens are zero, so their logit is always 0 and greedy
     decoding never picks them (generation runs until the requested length); with
     tied_output=True those rows are zero in the embedding, which is the output head.
+    eos_gain:  > 0 gives <|endoftext|> the random output row drawn for it, times eos_gain, so
+               that the model ends its text where that row wins (1: as often as an ordinary
+               token). Every other row is unchanged; 0 keeps the file byte-identical to one
+               built without it.
     arch:      "llama", or "qwen2" (adds q/k/v biases; llama.cpp uses NEOX rope for it).
     fim:       add fill-in-the-middle marker tokens (FIM_TOKENS) after the special tokens (a
                different vocabulary, hence different weights, from the model without them).
@@ -286,6 +291,8 @@ def build_tiny_model(
     if n_embd % n_head or n_head % n_head_kv:
         raise ValueError(f"n_embd={n_embd} must divide by n_head={n_head}, "
                          f"and n_head by n_head_kv={n_head_kv}")
+    if eos_gain < 0:
+        raise ValueError(f"eos_gain={eos_gain} must be >= 0")
     if perturb < 0 or (perturb > 0 and base_seed is None):
         raise ValueError(f"perturb={perturb} needs perturb >= 0 and a base_seed to perturb")
     path = Path(path)
@@ -303,6 +310,8 @@ def build_tiny_model(
         weights = f"seed {base_seed} + {perturb!r} * noise of seed {seed}"
     else:  # described by its weights only, so an identical draft is byte-identical
         weights = f"seed {weight_seed}"
+    if eos_gain > 0:
+        weights += f", end-of-text row x {eos_gain!r}"
     writer.add_description(f"pyspec tiny random model, weights: {weights}")
     writer.add_file_type(int(gguf.LlamaFileType.ALL_F32))
     writer.add_vocab_size(n_vocab)
@@ -341,7 +350,10 @@ def build_tiny_model(
             values = values + perturb * _standard_normal(seed, 1, name, shape)
         values = (std * values).astype(np.float32)
         if name == ("token_embd.weight" if tied_output else "output.weight"):
+            eos_row = values[eos_id] * np.float32(eos_gain)
             values[n_vocab - n_special:] = 0.0
+            if eos_gain > 0:
+                values[eos_id] = eos_row
         writer.add_tensor(name, values)
 
     return write_gguf(writer, path)
@@ -371,9 +383,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--perturb", type=float, default=0.0)
     parser.add_argument("--n-layer", type=int, default=2)
     parser.add_argument("--n-embd", type=int, default=64)
+    parser.add_argument("--eos-gain", type=float, default=0.0)
     args = parser.parse_args(argv)
     out = build_tiny_model(args.out, seed=args.seed, base_seed=args.base_seed,
-                           perturb=args.perturb, n_layer=args.n_layer, n_embd=args.n_embd)
+                           perturb=args.perturb, n_layer=args.n_layer, n_embd=args.n_embd,
+                           eos_gain=args.eos_gain)
     print(out)
 
 

@@ -176,7 +176,6 @@ def test_cli_bench(tiny_target: str, tiny_drafts: dict[str, str], tmp_path: Path
 
 
 def test_plot_writes_png(report: BenchReport, tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
     from pyspec.bench import plot
 
     path = tmp_path / "bench.png"

@@ -168,7 +168,8 @@ def test_named_draft_slots_route_requests(tiny_target: str, tiny_drafts: dict[st
 def test_exported_draft_reloads(tiny_target: str, tiny_drafts: dict[str, str], plain_tokens: list[int],
                                 tmp_path: Path) -> None:
     """pyspec.online's export of a draft loads as a hot reload and drafts like its source."""
-    online = pytest.importorskip("pyspec.online")
+    from pyspec import online
+
     exported = online.export_gguf(online.load_gguf(tiny_drafts["perturbed"]), tmp_path / "exported.gguf",
                                   dtype="f32")
     with make_engine(tiny_target, tiny_drafts["perturbed"]) as engine:

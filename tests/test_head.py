@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch  # a test dependency (.[test]): without it these tests fail, never skip
 from test_cli import pyspec_cli
 from test_greedy import PROMPTS
 from test_sampling import check_first_two_tokens
@@ -18,12 +19,9 @@ import pyspec
 from pyspec import HeadFileError, HeadMismatchError, InvalidArgumentError
 from pyspec._models.tiny import build_tiny_model
 from pyspec.data import Prompt
-
-torch = pytest.importorskip("torch")
-
-from pyspec.head.data import DataConfig, iter_sequences, make_training_data, plan_sequences  # noqa: E402
-from pyspec.head.gguf_io import export_head, load_head, new_head, read_target  # noqa: E402
-from pyspec.head.train import (  # noqa: E402
+from pyspec.head.data import DataConfig, iter_sequences, make_training_data, plan_sequences
+from pyspec.head.gguf_io import export_head, load_head, new_head, read_target
+from pyspec.head.train import (
     TrainConfig, build_examples, evaluate, is_held_out, kept_vocabulary, train_head,
 )
 

@@ -341,7 +341,8 @@ def _metadata(path: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tiny = pytest.importorskip("pyspec._models.tiny")
+    from pyspec._models import tiny
+
     return Path(tiny.build_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny.gguf", seed=3,
                                       n_layer=3))
 

@@ -99,7 +99,8 @@ def test_perturb_needs_a_base_seed(tmp_path: Path) -> None:
 
 
 def test_llama_cpp_loads_tokenizes_and_generates(tmp_path: Path) -> None:
-    llama_cpp = pytest.importorskip("llama_cpp")
+    import llama_cpp
+
     path = build_tiny_model(tmp_path / "tiny.gguf", seed=0)
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=512, logits_all=True, verbose=False)
 

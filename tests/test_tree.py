@@ -272,15 +272,33 @@ def test_tree_methods_need_a_draft(tiny_target: str) -> None:
                 engine.generate("hi", max_tokens=4, method=method)
 
 
-def test_tree_near_context_end(engines) -> None:
-    """Trees shrink to the room left in the window and the output still equals plain decoding."""
-    engine = engines["perturbed"]
-    prompt = engine.tokenize("word " * 200)[: engine.n_ctx - 10]
-    plain = engine.generate(prompt, max_tokens=50, method="none")
-    for method in ("tree", "beam"):
-        spec = engine.generate(prompt, max_tokens=50, method=method)
-        assert spec.tokens == plain.tokens
-        assert spec.finish_reason == plain.finish_reason == "length"
+def test_tree_near_context_end(tiny_target: str, tiny_drafts: dict[str, str]) -> None:
+    """Generation runs into the end of a small window: trees, beams and ouroboros chains shrink to
+    the room left (the last steps propose fewer tokens than a full draft), the output fills the
+    window and equals plain decoding."""
+    import pyspec
+
+    with pyspec.Engine(tiny_target, draft=tiny_drafts["perturbed"], n_ctx=256, n_threads=2) as engine:
+        n_ctx = engine.n_ctx  # llama.cpp's smallest window, 256
+        prompt = engine.tokenize("import numpy as np\n\nclass Model:\n    def __init__(self): word\n" * 20)[: n_ctx - 40]
+        assert len(prompt) == n_ctx - 40
+        plain = engine.generate(prompt, max_tokens=200, method="none")
+        assert plain.finish_reason == "length"
+        # The window's end, not max_tokens: the last token needs no cell of its own.
+        assert len(prompt) + len(plain.tokens) == n_ctx + 1
+        assert len(set(plain.tokens)) > 5
+        for method, shape, full in [("tree", dict(tree_nodes=16, tree_depth=6), 16),
+                                    ("beam", dict(beams=4, beam_length=5), 20),
+                                    ("ouroboros", dict(n_draft=8), 8)]:
+            spec = engine.generate(prompt, max_tokens=200, method=method, **shape)
+            assert spec.tokens == plain.tokens, method
+            assert spec.finish_reason == "length"
+            sizes = spec.step_sizes - 1  # draft tokens per step
+            assert sizes.max() > 1, method  # it drafted
+            # The draft never outgrows the room left: the cells after the pending token.
+            room = n_ctx - (len(prompt) + spec.trace.positions)
+            assert np.all(sizes <= np.maximum(room, 0)), (method, sizes, room)
+            assert sizes[-1] < full, (method, sizes)
 
 
 def test_typical_acceptance_decodes_and_accepts(engines) -> None:

@@ -784,16 +784,18 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
         stats.n_drafted += n_draft;
         if (n_draft == 0) ++stats.n_empty_drafts;
         stats.n_candidate_tokens += req.draft.n_candidate_tokens > 0 ? req.draft.n_candidate_tokens : n_draft;
-        stats.n_accepted += n_accepted;
-        ++stats.accept_histogram[size_t(std::min(n_accepted, shape.depth))];
         record_trace(req, verdict, int32_t(req.result.tokens.size()));
         keep_accepted(req, verdict);
         int32_t row = 0;  // the target row that chose the next token: the root, then path nodes
+        int32_t n_used = 0;  // accepted tokens the output used: none after an end of generation or a stop string
         for (int32_t i = 0; i < n_accepted && running; ++i) {
             const int32_t node = verdict.path[size_t(i)];
             running = commit_token(req, req.draft.tokens[size_t(node)], req.target.logits(row), on_text);
             row = node + 1;
+            ++n_used;
         }
+        stats.n_accepted += n_used;
+        ++stats.accept_histogram[size_t(std::min(n_used, shape.depth))];
         if (running) running = commit_token(req, verdict.next_token, req.target.logits(row), on_text);
         if (running && uses_head) {
             const float* h = req.target.hidden(row);

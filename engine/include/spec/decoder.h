@@ -62,7 +62,7 @@ struct Stats {
     int32_t n_target_calls = 0;    // target decodes after prefill (one per step)
     int32_t n_drafted = 0;         // draft tokens proposed (tree nodes for trees)
     int32_t n_candidate_tokens = 0;  // tokens drafted before compression (beam: K * L per step)
-    int32_t n_accepted = 0;        // draft tokens accepted
+    int32_t n_accepted = 0;        // draft tokens accepted and used (none after the end of the output)
     int32_t n_draft_decodes = 0;   // draft model decodes (0 for model-free drafting)
     int32_t n_empty_drafts = 0;    // steps that verified no draft token (plain decoding steps)
     int32_t n_head_drafts = 0;     // steps that verified a draft of the draft head (redrafter, auto)
