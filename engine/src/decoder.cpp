@@ -102,9 +102,19 @@ TreeVerdict verify_step(Request& req) {
     const int32_t n_vocab = req.target.n_vocab();
     const GenerateParams& params = req.params;
     if (params.sampling.greedy()) {
-        req.target_argmax.resize(size_t(n + 1));
-        for (int32_t i = 0; i <= n; ++i) req.target_argmax[size_t(i)] = argmax(req.target.logits(i), n_vocab);
-        return verify_tree_greedy(req.draft.tokens, req.parents, req.target_argmax);
+        // The argmax of the rows the walk reads (a rejected long draft: one or two), of every row
+        // only for a drafter that learns from them all.
+        req.target_argmax.assign(size_t(n + 1), -1);
+        const auto target_token = [&req, n_vocab](int32_t r) {
+            int32_t& token = req.target_argmax[size_t(r)];
+            if (token < 0) token = argmax(req.target.logits(r), n_vocab);
+            return token;
+        };
+        const TreeVerdict verdict = verify_tree_greedy(req.draft.tokens, req.parents, target_token);
+        if (req.drafter && req.drafter->observes_target()) {
+            for (int32_t r = 0; r <= n; ++r) target_token(r);
+        }
+        return verdict;
     }
     // Probabilities only for the rows verification walks through (the root and each accepted
     // node), computed on first use: a rejected long draft costs one or two rows, not n + 1.
@@ -136,8 +146,11 @@ void keep_accepted(Request& req, const TreeVerdict& verdict) {
         }
         req.target.kv_keep(0);
     }
+    const bool rejected = n_accepted < int32_t(req.draft.tokens.size());
     req.n_past += 1 + n_accepted;
-    req.target.kv_remove(0, req.n_past, -1);
+    // Sequence 0 holds nothing past the accepted path unless a chain's node was rejected (a tree's
+    // other nodes went with their leaf sequences above).
+    if (rejected && req.layout.n_leaves == 0) req.target.kv_remove(0, req.n_past, -1);
 }
 
 // Appends one token to the output; returns false when generation must end.
@@ -791,6 +804,7 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
 
         t0 = Clock::now();
         decode_draft(req, batch);
+        stats.t_target_ms += ms_since(t0);
         ++stats.n_target_calls;
         const TreeVerdict verdict = verify_step(req);
         // What a step of this size costs now, for the planner's next steps (spec/cost_model.h).

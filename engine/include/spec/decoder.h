@@ -69,6 +69,7 @@ struct Stats {
     int32_t n_head_accepted = 0;   // draft tokens of the head accepted
     std::vector<int32_t> accept_histogram;  // [max depth + 1] steps that accepted i draft tokens
     double t_prefill_ms = 0, t_draft_ms = 0, t_verify_ms = 0, t_other_ms = 0;
+    double t_target_ms = 0;        // part of t_verify_ms: the target decodes (host work is the rest)
     double t_total_ms = 0;         // prefill + generation
 
     double acceptance_rate() const { return n_drafted ? double(n_accepted) / n_drafted : 0.0; }
