@@ -139,7 +139,10 @@ NB_MODULE(_core, m) {
         .def_ro("path", &spec::TreeVerdict::path)
         .def_ro("next_token", &spec::TreeVerdict::next_token)
         .def_ro("is_bonus", &spec::TreeVerdict::is_bonus);
-    m.def("verify_tree_greedy", &spec::verify_tree_greedy, "tokens"_a, "parents"_a, "target_argmax"_a);
+    m.def("verify_tree_greedy",
+          nb::overload_cast<const std::vector<int32_t>&, const std::vector<int32_t>&, const std::vector<int32_t>&>(
+              &spec::verify_tree_greedy),
+          "tokens"_a, "parents"_a, "target_argmax"_a);
     m.def("verify_tree_rejection", [](const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents,
                                       ConstFloatArray target_probs, std::optional<ConstFloatArray> draft_probs,
                                       spec::Rng& rng) {
@@ -384,6 +387,7 @@ NB_MODULE(_core, m) {
         .def_ro("t_draft_ms", &spec::Stats::t_draft_ms)
         .def_ro("t_verify_ms", &spec::Stats::t_verify_ms)
         .def_ro("t_other_ms", &spec::Stats::t_other_ms)
+        .def_ro("t_target_ms", &spec::Stats::t_target_ms)
         .def_ro("t_total_ms", &spec::Stats::t_total_ms)
         .def_prop_ro("acceptance_rate", &spec::Stats::acceptance_rate)
         .def_prop_ro("tokens_per_target_call", &spec::Stats::tokens_per_target_call)

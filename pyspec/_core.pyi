@@ -661,6 +661,9 @@ class Stats:
     def t_other_ms(self) -> float: ...
 
     @property
+    def t_target_ms(self) -> float: ...
+
+    @property
     def t_total_ms(self) -> float: ...
 
     @property

@@ -35,6 +35,7 @@ class GenerationStats:
     t_verify_ms: float
     t_other_ms: float
     t_total_ms: float
+    t_target_ms: float = 0.0  # part of t_verify_ms: the target decodes (the rest is host work)
 
     @classmethod
     def _from_core(cls, s: Any) -> "GenerationStats":
@@ -62,6 +63,7 @@ class GenerationStats:
             t_verify_ms=s.t_verify_ms,
             t_other_ms=s.t_other_ms,
             t_total_ms=s.t_total_ms,
+            t_target_ms=s.t_target_ms,
         )
 
     def to_dict(self) -> dict[str, Any]:

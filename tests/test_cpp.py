@@ -15,7 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CPP_TESTS = ["test_verify", "test_lookup", "test_tree", "test_phrase_pool", "test_schedule", "test_cost_model",
-             "test_pool_file", "test_model"]
+             "test_pool_file", "test_model", "test_model_faults"]
 
 
 def test_cpp_unit_tests(tmp_path: Path, tiny_target: str) -> None:

@@ -102,9 +102,19 @@ TreeVerdict verify_step(Request& req) {
     const int32_t n_vocab = req.target.n_vocab();
     const GenerateParams& params = req.params;
     if (params.sampling.greedy()) {
-        req.target_argmax.resize(size_t(n + 1));
-        for (int32_t i = 0; i <= n; ++i) req.target_argmax[size_t(i)] = argmax(req.target.logits(i), n_vocab);
-        return verify_tree_greedy(req.draft.tokens, req.parents, req.target_argmax);
+        // The argmax of the rows the walk reads (a rejected long draft: one or two), of every row
+        // only for a drafter that learns from them all.
+        req.target_argmax.assign(size_t(n + 1), -1);
+        const auto target_token = [&req, n_vocab](int32_t r) {
+            int32_t& token = req.target_argmax[size_t(r)];
+            if (token < 0) token = argmax(req.target.logits(r), n_vocab);
+            return token;
+        };
+        const TreeVerdict verdict = verify_tree_greedy(req.draft.tokens, req.parents, target_token);
+        if (req.drafter && req.drafter->observes_target()) {
+            for (int32_t r = 0; r <= n; ++r) target_token(r);
+        }
+        return verdict;
     }
     // Probabilities only for the rows verification walks through (the root and each accepted
     // node), computed on first use: a rejected long draft costs one or two rows, not n + 1.
@@ -136,8 +146,11 @@ void keep_accepted(Request& req, const TreeVerdict& verdict) {
         }
         req.target.kv_keep(0);
     }
+    const bool rejected = n_accepted < int32_t(req.draft.tokens.size());
     req.n_past += 1 + n_accepted;
-    req.target.kv_remove(0, req.n_past, -1);
+    // Sequence 0 holds nothing past the accepted path unless a chain's node was rejected (a tree's
+    // other nodes went with their leaf sequences above).
+    if (rejected && req.layout.n_leaves == 0) req.target.kv_remove(0, req.n_past, -1);
 }
 
 // Appends one token to the output; returns false when generation must end.
@@ -305,6 +318,10 @@ std::unique_ptr<Model> Engine::load_draft(const std::string& path) const {
 void Engine::swap_draft(std::unique_ptr<Model> draft, const std::string& name) {
     check_open();
     if (!draft) throw InvalidArgumentError("swap_draft needs a model");
+    if (!draft->drops_positions()) {
+        throw InvalidArgumentError("draft " + draft->path() + " keeps a recurrent state that cannot drop rejected "
+                                   "tokens: a draft model must be a transformer");
+    }
     check_vocab_compatible(*target_, *draft);
     std::unique_ptr<Model> old;  // freed after the lock is released
     {
@@ -337,11 +354,13 @@ void Engine::remove_draft(const std::string& name) {
 }
 
 std::unique_ptr<DraftHead> Engine::load_head(const std::string& path) const {
-    if (!target_) throw ClosedError("engine is closed");
+    // Runs outside the engine's lock, maybe while close() runs: the target stays alive until
+    // the head is checked against it.
+    const std::shared_ptr<const Model> target = shared_target();
     HeadParams params;
     params.n_threads = params_.model.n_threads;
     params.use_gpu = params_.model.n_gpu_layers > 0;
-    return std::make_unique<DraftHead>(path, *target_, params);
+    return std::make_unique<DraftHead>(path, *target, params);
 }
 
 void Engine::swap_head(std::unique_ptr<DraftHead> head) {
@@ -391,8 +410,8 @@ std::string Engine::head_path() const {
 }
 
 std::unique_ptr<NgramTable> Engine::load_ngram(const std::string& path) const {
-    if (!target_) throw ClosedError("engine is closed");
-    return std::make_unique<NgramTable>(NgramTable::load(path, target_->n_vocab(), vocab_fingerprint(*target_)));
+    const std::shared_ptr<const Model> target = shared_target();  // as in load_head
+    return std::make_unique<NgramTable>(NgramTable::load(path, target->n_vocab(), vocab_fingerprint(*target)));
 }
 
 void Engine::swap_ngram(std::unique_ptr<NgramTable> table) {
@@ -476,8 +495,13 @@ std::vector<float> Engine::evaluate_rows(Model& model, const std::vector<int32_t
 CostCurve Engine::measure_target_cost(const std::vector<int32_t>& sizes, int32_t repeats,
                                       const CalibrationProgress& progress, int32_t context) {
     Model& model = target();
+    if (!model.drops_positions()) {  // calibration drops the timed tokens after each decode
+        throw InvalidArgumentError("cost curves time drafts the target may reject, and " + model.path() +
+                                   " keeps a recurrent state that cannot drop them: use method='none'");
+    }
     const CostCurve curve =
         measure_cost_curve(model, sizes.empty() ? calibration_sizes(model) : sizes, repeats, true, progress, context);
+    std::lock_guard<std::mutex> lock(costs_mutex_);
     target_costs_.set_prior(curve);
     return curve;
 }
@@ -493,6 +517,7 @@ CostCurve Engine::measure_draft_cost(const std::string& name, const std::vector<
 
 void Engine::set_target_cost(const CostCurve& curve) {
     check_open();
+    std::lock_guard<std::mutex> lock(costs_mutex_);
     target_costs_.set_prior(curve);
 }
 
@@ -507,13 +532,20 @@ void Engine::set_draft_cost(const CostCurve& curve, const std::string& name) {
     it->second.cost = curve;
 }
 
-CostCurve Engine::target_cost() const { return target_costs_.prior(); }
+CostCurve Engine::target_cost() const {
+    std::lock_guard<std::mutex> lock(costs_mutex_);
+    return target_costs_.prior();
+}
 
-const CostModel& Engine::target_cost_model() const { return target_costs_; }
+CostModel Engine::target_cost_model() const {
+    std::lock_guard<std::mutex> lock(costs_mutex_);
+    return target_costs_;
+}
 
 Engine::Learnt Engine::learnt() const {
     check_open();
     std::lock_guard<std::mutex> lock(drafts_mutex_);
+    std::lock_guard<std::mutex> costs_lock(costs_mutex_);
     return Learnt{acceptance_, target_costs_, head_costs_, head_acceptance_, head_version_};
 }
 
@@ -521,7 +553,10 @@ void Engine::restore_learnt(const Learnt& state) {
     check_open();
     std::lock_guard<std::mutex> lock(drafts_mutex_);
     acceptance_ = state.acceptance;
-    target_costs_ = state.target_costs;
+    {
+        std::lock_guard<std::mutex> costs_lock(costs_mutex_);
+        target_costs_ = state.target_costs;
+    }
     if (state.head_version == head_version_) {
         head_costs_ = state.head_costs;
         head_acceptance_ = state.head_acceptance;
@@ -660,6 +695,11 @@ void Engine::validate(const std::vector<int32_t>& prompt, const GenerateParams& 
     for (const auto& s : params.stop) {
         if (s.empty()) throw InvalidArgumentError("stop strings must not be empty");
     }
+    if (params.method != "none" && !target_->drops_positions()) {
+        throw InvalidArgumentError("method '" + params.method + "' drafts tokens the target may reject, and " +
+                                   target_->path() + " keeps a recurrent state that cannot drop them: use "
+                                   "method='none'");
+    }
     MethodLimits limits;
     limits.n_ctx = n_ctx;
     limits.n_batch = target_->params().n_batch;
@@ -767,12 +807,16 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
 
         t0 = Clock::now();
         decode_draft(req, batch);
+        stats.t_target_ms += ms_since(t0);
         ++stats.n_target_calls;
         const TreeVerdict verdict = verify_step(req);
         // What a step of this size costs now, for the planner's next steps (spec/cost_model.h).
         const double step_ms = ms_since(t0);
         const int32_t step_size = 1 + int32_t(req.draft.tokens.size());
-        target_costs_.observe(step_size, step_ms);
+        {
+            std::lock_guard<std::mutex> lock(costs_mutex_);  // cost_model() may copy it meanwhile
+            target_costs_.observe(step_size, step_ms);
+        }
         req.result.step_ms.push_back(float(step_ms));
         req.result.step_sizes.push_back(step_size);
         if (drafter && params.sampling.greedy() && !req.draft.tokens.empty()) drafter->observe_target(req.draft.tokens, req.parents, req.target_argmax);

@@ -179,6 +179,18 @@ DraftHead::DraftHead(const std::string& path, const Model& target, const HeadPar
     for (ggml_tensor* t : im.res_b) {
         if (t->type != GGML_TYPE_F32) throw HeadFileError(path + ": bias " + ggml_get_name(t) + " must be F32");
     }
+    // Matrices go through ggml_get_rows and ggml_mul_mat, which take float and quantized types;
+    // an integer or f64 matrix would reach a kernel ggml does not have and abort the process.
+    std::vector<ggml_tensor*> matrices = {im.embd, im.rnn_w, im.rnn_u, im.out_proj, im.output};
+    matrices.insert(matrices.end(), im.res_w.begin(), im.res_w.end());
+    for (ggml_tensor* t : matrices) {
+        if (!t) continue;
+        const bool float_type = t->type == GGML_TYPE_F32 || t->type == GGML_TYPE_F16 || t->type == GGML_TYPE_BF16;
+        if (!float_type && !ggml_is_quantized(t->type)) {
+            throw HeadFileError(path + ": tensor " + ggml_get_name(t) + " has type " + ggml_type_name(t->type) +
+                                ", expected f32, f16, bf16 or a quantized type");
+        }
+    }
 
     // Backend, weights buffer, and the data from the file.
     ggml_backend_dev_t device = pick_device(params.use_gpu);
@@ -239,6 +251,12 @@ void DraftHead::step(const float* hidden, float* state, const int32_t* rows, int
     if (n < 1) throw InvalidArgumentError("head step needs at least one row");
     Impl& im = *impl_;
     const int64_t d = n_embd_, V = n_kept();
+    for (int32_t i = 0; i < n; ++i) {  // ggml_get_rows asserts (ends the process) outside the table
+        if (rows[i] < 0 || rows[i] > V) {
+            throw InvalidArgumentError("head step: row " + std::to_string(rows[i]) + " outside the embedding rows [0, " +
+                                       std::to_string(V) + "] (row_of(token))");
+        }
+    }
     ggml_init_params init{im.graph_meta.size(), im.graph_meta.data(), true};
     ggml_context* ctx = ggml_init(init);
     if (!ctx) throw DecodeError("head: ggml_init failed");

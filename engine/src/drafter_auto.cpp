@@ -148,6 +148,8 @@ public:
         if (used_) used_->observe_target(tokens, parents, target_argmax);
     }
 
+    bool observes_target() const override { return used_ && used_->observes_target(); }
+
     void end(const std::vector<int32_t>& committed) override {
         scorer_.score(committed);
         acceptance_.end_request();

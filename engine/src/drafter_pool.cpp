@@ -181,6 +181,8 @@ public:
         pool_.harvest_verification(last_root_, tokens, parents, target_argmax);
     }
 
+    bool observes_target() const override { return true; }
+
     void end(const std::vector<int32_t>& committed) override { pool_.harvest_generated(committed); }
 
     DrafterStats stats() const override { return stats_; }
@@ -261,6 +263,8 @@ public:
                         const std::vector<int32_t>& target_argmax) override {
         pool_.harvest_verification(last_root_, tokens, parents, target_argmax);
     }
+
+    bool observes_target() const override { return true; }
 
     void end(const std::vector<int32_t>& committed) override { pool_.harvest_generated(committed); }
 

@@ -289,12 +289,22 @@ Model::Model(const std::string& path, const ModelParams& params) : path_(path), 
     }
     model_ = llama_model_load_from_file(path.c_str(), mparams);
     if (!model_) throw ModelLoadError(with_reason("llama.cpp could not load model: " + path));
+    // The destructor does not run when the constructor throws: until it returns, this frees the
+    // model and the context (an error below, or std::bad_alloc anywhere after the load).
+    struct FreeOnThrow {
+        Model* self;
+        ~FreeOnThrow() {
+            if (!self) return;
+            if (self->ctx_) llama_free(self->ctx_);
+            if (self->model_) llama_model_free(self->model_);
+            self->ctx_ = nullptr;
+            self->model_ = nullptr;
+        }
+    } free_on_throw{this};
     // llama.cpp caps a causal model's batch at the context and reserves one output row per
     // sequence; more sequences than batch rows make it abort the process, not return an error.
     const int64_t n_ctx_asked = params.n_ctx > 0 ? params.n_ctx : llama_model_n_ctx_train(model_);
     if (n_ctx_asked > kMaxContextTokens) {  // n_ctx=0 takes the trained context from the file's metadata
-        llama_model_free(model_);
-        model_ = nullptr;
         throw InvalidArgumentError("n_ctx=0 takes the model's trained context, " + std::to_string(n_ctx_asked) +
                                    " tokens, which exceeds the largest context window, " +
                                    std::to_string(kMaxContextTokens) + " tokens: pass a smaller n_ctx");
@@ -302,8 +312,6 @@ Model::Model(const std::string& path, const ModelParams& params) : path_(path), 
     const int64_t n_batch_rows = std::min<int64_t>(params.n_batch, n_ctx_asked);
     const int64_t n_seq_limit = std::min<int64_t>(n_batch_rows, int64_t(llama_max_parallel_sequences()));
     if (params.n_seq_max > n_seq_limit) {
-        llama_model_free(model_);
-        model_ = nullptr;
         throw InvalidArgumentError("n_seq_max=" + std::to_string(params.n_seq_max) + " exceeds the " +
                                    std::to_string(n_seq_limit) + " sequences this context can hold (one output row " +
                                    "each: n_batch=" + std::to_string(params.n_batch) + ", n_ctx=" +
@@ -328,8 +336,6 @@ Model::Model(const std::string& path, const ModelParams& params) : path_(path), 
         params.huge_pages ? anonymous_mappings() : std::vector<Mapping>{};
     ctx_ = llama_init_from_model(model_, cparams);
     if (!ctx_) {
-        llama_model_free(model_);
-        model_ = nullptr;
         throw ModelLoadError(with_reason("llama.cpp could not create a context for " + path +
                                          " (n_ctx=" + std::to_string(params.n_ctx) + ")"));
     }
@@ -338,6 +344,7 @@ Model::Model(const std::string& path, const ModelParams& params) : path_(path), 
     kv_tokens_.assign(size_t(params.n_seq_max), {});
     params_.n_batch = int32_t(llama_n_batch(ctx_));  // the batch llama.cpp accepts (capped by n_ctx)
     if (params.huge_pages) advise_huge_pages(anonymous_mappings_before_context, /*collapse=*/true);
+    free_on_throw.self = nullptr;
 }
 
 Model::~Model() {
@@ -363,7 +370,12 @@ std::string Model::cost_signature() const {
 }
 
 std::vector<int32_t> Model::tokenize(const std::string& text, bool add_special, bool parse_special) const {
-    std::vector<int32_t> tokens(text.size() + 8);
+    // llama_tokenize takes the text's length and the buffer's as int32.
+    if (text.size() > size_t(INT32_MAX)) {
+        throw InvalidArgumentError("text of " + std::to_string(text.size()) + " bytes exceeds the " +
+                                   std::to_string(INT32_MAX) + " bytes llama.cpp tokenizes at once: split it");
+    }
+    std::vector<int32_t> tokens(std::min<size_t>(text.size() + 8, size_t(INT32_MAX)));
     int32_t n = llama_tokenize(vocab_, text.data(), int32_t(text.size()), tokens.data(),
                                int32_t(tokens.size()), add_special, parse_special);
     if (n < 0) {
@@ -470,6 +482,13 @@ std::string Model::apply_chat_template(
         chat.push_back({role.c_str(), content.c_str()});
         total += role.size() + content.size();
     }
+    // llama_chat_apply_template takes the buffer's length and returns the result's as int32; the
+    // buffer starts at twice the messages' size.
+    constexpr size_t kMaxBytes = size_t(INT32_MAX) / 2 - 256;
+    if (total > kMaxBytes) {
+        throw InvalidArgumentError("messages of " + std::to_string(total) + " bytes exceed the " +
+                                   std::to_string(kMaxBytes) + " bytes llama.cpp formats at once (int32 lengths)");
+    }
     std::vector<char> buf(2 * total + 256);
     int32_t n = llama_chat_apply_template(tmpl, chat.data(), chat.size(), add_assistant, buf.data(),
                                           int32_t(buf.size()));
@@ -556,7 +575,7 @@ int32_t Model::prefill_prompt(const std::vector<int32_t>& prompt) {
     // Cached tokens that start the prompt stay; the last prompt token is always evaluated anew
     // (its logits start step one).
     int32_t n_keep = 0;
-    if (params_.reuse_prefix && kv_known_) {
+    if (params_.reuse_prefix && kv_known_ && drops_positions()) {
         const std::vector<int32_t>& held = kv_tokens_[0];
         while (n_keep < n_prefill && n_keep < int32_t(held.size()) && held[size_t(n_keep)] == prompt[size_t(n_keep)]) {
             ++n_keep;
@@ -608,8 +627,16 @@ const float* Model::hidden(int32_t i) const {
 }
 
 void Model::kv_remove(int32_t seq_id, int32_t p0, int32_t p1) {
-    llama_memory_seq_rm(llama_get_memory(ctx_), seq_id, p0, p1);
+    if (!llama_memory_seq_rm(llama_get_memory(ctx_), seq_id, p0, p1)) {
+        throw DecodeError("llama.cpp cannot drop positions [" + std::to_string(p0) + ", " +
+                          (p1 < 0 ? std::string("end") : std::to_string(p1)) + ") of sequence " +
+                          std::to_string(seq_id) + " of " + path_ + ": its memory keeps a recurrent state");
+    }
     kv_record_remove(seq_id, p0, p1);
+}
+
+bool Model::drops_positions() const {
+    return !llama_model_is_recurrent(model_) && !llama_model_is_hybrid(model_);
 }
 
 void Model::kv_copy(int32_t seq_src, int32_t seq_dst, int32_t p0, int32_t p1) {

@@ -116,15 +116,22 @@ private:
     const std::string& path_;
 };
 
-std::string serialize(const Store& store, int32_t n_vocab) {
-    const std::vector<PhraseRecord> records = store.snapshot();
+// What a file holds of a store, copied under the pool's lock; written out after it is released.
+struct PoolSnapshot {
+    std::vector<PhraseRecord> records;
+    int64_t touch_high = 0;
+    int64_t touch_low = 0;
+};
+
+std::string serialize(const PoolSnapshot& snapshot, int32_t n_vocab) {
+    const std::vector<PhraseRecord>& records = snapshot.records;
     ByteWriter w;
     w.raw(kMagic, sizeof(kMagic));
     w.u32(kVersion);
     w.u32(uint32_t(n_vocab));
     w.u32(uint32_t(records.size()));
-    w.u64(uint64_t(store.touch_high));
-    w.u64(uint64_t(store.touch_low));
+    w.u64(uint64_t(snapshot.touch_high));
+    w.u64(uint64_t(snapshot.touch_low));
     for (const PhraseRecord& r : records) {
         w.u8(uint8_t(r.tokens.size()));
         w.u8(uint8_t(r.stats.source));
@@ -368,12 +375,16 @@ void Store::restore(const std::vector<PhraseRecord>& records, size_t first_index
 }
 
 void PhrasePool::save(const std::string& path) const {
-    std::string bytes;
+    // Only the copy holds the lock (a generating thread's harvest waits for it), not the encoding
+    // and checksum of every byte.
+    PoolSnapshot snapshot;
     {
         std::shared_lock lock(mutex_);
-        bytes = serialize(*store_, params_.n_vocab);
+        snapshot.records = store_->snapshot();
+        snapshot.touch_high = store_->touch_high;
+        snapshot.touch_low = store_->touch_low;
     }
-    replace_file(path, bytes);
+    replace_file(path, serialize(snapshot, params_.n_vocab));
 }
 
 void PhrasePool::load(const std::string& path) {

@@ -249,7 +249,25 @@ void validate(const SamplingParams& params) {
 
 int32_t argmax(const float* logits, int32_t n_vocab) {
     check_size(n_vocab, "argmax");
-    // Two passes that vectorise: the largest value, then the first index holding it.
+    // One pass over the row: the largest value of each block (max_of vectorises), keeping the
+    // first block that holds the row's largest; then the first index of it within that block.
+    // NaN is never the largest, as in max_of.
+    constexpr int32_t kBlock = 256;
+    float best = -INFINITY;
+    int32_t best_block = -1;
+    for (int32_t b = 0; b < n_vocab; b += kBlock) {
+        const float m = max_of(logits + b, std::min(kBlock, n_vocab - b));
+        if (m > best) {
+            best = m;
+            best_block = b;
+        }
+    }
+    if (best_block >= 0) {
+        for (int32_t i = best_block;; ++i) {
+            if (logits[i] == best) return i;
+        }
+    }
+    // Every logit is -inf or NaN: the first -inf, as below.
     const float max_value = max_of(logits, n_vocab);
     for (int32_t i = 0; i < n_vocab; ++i) {
         if (logits[i] == max_value) {

@@ -87,6 +87,16 @@ TreeVerdict verify_tree_greedy(const std::vector<int32_t>& tokens, const std::ve
     return walk_matching(tokens, children_by_row(parents), [&](size_t row) { return target_argmax[row]; });
 }
 
+TreeVerdict verify_tree_greedy(const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents,
+                               const std::function<int32_t(int32_t row)>& target_token) {
+    if (tokens.size() != parents.size()) {
+        throw InvalidArgumentError("verify_tree_greedy: " + std::to_string(tokens.size()) + " tokens but " +
+                                   std::to_string(parents.size()) + " parents");
+    }
+    validate_tree(parents);
+    return walk_matching(tokens, children_by_row(parents), [&](size_t row) { return target_token(int32_t(row)); });
+}
+
 TreeVerdict verify_tree_rejection(const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents,
                                   const float* target_probs, const float* draft_probs, int32_t n_vocab,
                                   Rng& rng, std::vector<float>& residual) {

@@ -779,9 +779,38 @@ void test_rejection_seeded_determinism() {
 
 }  // namespace
 
+// argmax scans the row block by block: the first index of the largest value wherever it falls
+// (block edges, ties across blocks), NaN never the largest, an all -inf row gives 0.
+void test_argmax_first_largest_across_blocks() {
+    for (const int32_t n : {1, 255, 256, 257, 1000, 49152}) {
+        std::vector<float> row(static_cast<size_t>(n));
+        for (int32_t i = 0; i < n; ++i) row[size_t(i)] = float((i * 7919) % 1009) / 1009.0f;
+        const auto reference = [&] {
+            int32_t best = -1;
+            for (int32_t i = 0; i < n; ++i) {
+                if (!std::isnan(row[size_t(i)]) && (best < 0 || row[size_t(i)] > row[size_t(best)])) best = i;
+            }
+            return std::max(best, 0);
+        };
+        CHECK(spec::argmax(row.data(), n) == reference());
+        for (const int32_t at : {0, 255, 256, n - 1}) {
+            if (at >= n) continue;
+            std::vector<float> saved = row;
+            row[size_t(at)] = 2.0f;
+            if (at + 300 < n) row[size_t(at + 300)] = 2.0f;  // a tie in a later block
+            if (at > 0) row[size_t(at - 1)] = NAN;
+            CHECK(spec::argmax(row.data(), n) == at);
+            row = saved;
+        }
+        std::vector<float> low(static_cast<size_t>(n), -INFINITY);
+        CHECK(spec::argmax(low.data(), n) == 0);
+    }
+}
+
 int main() {
     test_validate();
     test_argmax_and_greedy();
+    test_argmax_first_largest_across_blocks();
     test_softmax();
     test_truncation();
     test_non_finite_logits();

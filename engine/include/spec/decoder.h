@@ -69,6 +69,7 @@ struct Stats {
     int32_t n_head_accepted = 0;   // draft tokens of the head accepted
     std::vector<int32_t> accept_histogram;  // [max depth + 1] steps that accepted i draft tokens
     double t_prefill_ms = 0, t_draft_ms = 0, t_verify_ms = 0, t_other_ms = 0;
+    double t_target_ms = 0;        // part of t_verify_ms: the target decodes (host work is the rest)
     double t_total_ms = 0;         // prefill + generation
 
     double acceptance_rate() const { return n_drafted ? double(n_accepted) / n_drafted : 0.0; }
@@ -253,8 +254,9 @@ public:
     CostCurve target_cost() const;                            // empty when not measured
     // The target's cost model: the curve above as its prior, corrected from the time of every
     // step this engine has decoded (any method; spec/cost_model.h). set_/measure_target_cost
-    // install a new prior and forget the corrections.
-    const CostModel& target_cost_model() const;
+    // install a new prior and forget the corrections. A copy taken under a lock: any thread may
+    // call it while a generation updates the model.
+    CostModel target_cost_model() const;
     CostCurve draft_cost(const std::string& name = "") const;  // empty when not measured
 
     // What method auto has learnt across requests: its acceptance statistics per draft slot,
@@ -314,6 +316,9 @@ private:
     mutable std::mutex drafts_mutex_;
     std::map<std::string, DraftSlot> drafts_;
     std::shared_ptr<PhrasePool> pool_;
+    // Written by generate() (every step) and the calls that install curves; read by generate()'s
+    // drafter on its own thread without the lock, copied for other threads under costs_mutex_.
+    mutable std::mutex costs_mutex_;
     CostModel target_costs_;
     std::unique_ptr<DraftHead> head_;  // guarded like the slots: replaced between generations
     std::unique_ptr<NgramTable> ngram_;  // guarded like the head

@@ -52,7 +52,8 @@ public:
     // One draft step for n rows at once (n >= 1).
     // hidden: [n, n_embd] the target hidden state each row drafts from
     // state:  [n, n_embd] the rows' recurrent state, updated in place (zeros before the first step)
-    // rows:   [n] embedding row of each row's previous token (row_of)
+    // rows:   [n] embedding row of each row's previous token (row_of), in [0, n_kept]:
+    //         InvalidArgumentError otherwise
     // logits: [n, n_kept] written
     void step(const float* hidden, float* state, const int32_t* rows, int32_t n, float* logits);
 

@@ -87,6 +87,10 @@ public:
     // from it, e.g. harvest target-confirmed phrases. Default: nothing.
     virtual void observe_target(const std::vector<int32_t>& /*tokens*/, const std::vector<int32_t>& /*parents*/,
                                 const std::vector<int32_t>& /*target_argmax*/) {}
+    // Whether observe_target reads the draft's rows: without it the decoder computes the target's
+    // token only for the rows verification walks through, and calls observe_target with -1 for
+    // the others. Default: false.
+    virtual bool observes_target() const { return false; }
     // The request ended; committed is the final sequence (prompt + output). Default: nothing.
     virtual void end(const std::vector<int32_t>& /*committed*/) {}
 };

@@ -156,7 +156,12 @@ public:
     const float* hidden(int32_t i) const;
 
     // KV cache: drop positions [p0, p1) of a sequence (p1 < 0: to the end); copy; keep one.
+    // kv_remove throws DecodeError where llama.cpp cannot drop them (see drops_positions).
     void kv_remove(int32_t seq_id, int32_t p0, int32_t p1 = -1);
+    // False for models whose memory is a recurrent state (llama.cpp's recurrent and hybrid
+    // models): they cannot drop the last positions, so neither roll back a rejected draft nor
+    // reuse part of a cached prompt (prefill_prompt then starts from an empty cache).
+    bool drops_positions() const;
     void kv_copy(int32_t seq_src, int32_t seq_dst, int32_t p0 = -1, int32_t p1 = -1);
     void kv_keep(int32_t seq_id);
     void kv_clear();

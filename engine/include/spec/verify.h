@@ -61,6 +61,10 @@ struct TreeVerdict {
 // target_argmax: [n + 1]
 TreeVerdict verify_tree_greedy(const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents,
                                const std::vector<int32_t>& target_argmax);
+// The same walk with the target's token of a row computed on demand: target_token(row) is called
+// only for the rows the walk reads (the root and each accepted node), each at most once.
+TreeVerdict verify_tree_greedy(const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents,
+                               const std::function<int32_t(int32_t row)>& target_token);
 
 // Exact multi-candidate rejection sampling (SpecInfer's multi-step rule, generalised to
 // per-candidate proposals). At the current node, with target distribution p, try the children
