@@ -454,7 +454,20 @@ NB_MODULE(_core, m) {
         .def_prop_ro("n_res_layers", &spec::DraftHead::n_res_layers)
         .def_prop_ro("vocab", &spec::DraftHead::vocab)
         .def_prop_ro("backend", &spec::DraftHead::backend_name)
+        .def_prop_ro("kind", [](const spec::DraftHead& head) {
+            return head.kind() == spec::DraftHead::Kind::Eagle ? "eagle" : "redrafter";
+        }, "'redrafter' (recurrent head) or 'eagle' (EAGLE-class head without attention).")
         .def("row_of", &spec::DraftHead::row_of, "token"_a)
+        .def("initial_state", [](const spec::DraftHead& head, ConstFloatArray hidden) {
+            const size_t d = size_t(head.n_embd());
+            if (hidden.ndim() != 2 || hidden.shape(1) != d || hidden.shape(0) == 0) {
+                throw spec::InvalidArgumentError("expected hidden [n, n_embd], n >= 1");
+            }
+            const size_t n = hidden.shape(0);
+            std::vector<float> state(n * d);
+            head.initial_state(hidden.data(), state.data(), int32_t(n));
+            return to_numpy(std::move(state), {n, d});
+        }, "hidden"_a, "The state [n, n_embd] of rows before their first step: zeros, or the hidden states.")
         .def("step", [](spec::DraftHead& head, ConstFloatArray hidden, ConstFloatArray state,
                         const std::vector<int32_t>& rows) {
             const size_t n = rows.size(), d = size_t(head.n_embd());

@@ -780,7 +780,14 @@ class DraftHead:
     @property
     def backend(self) -> str: ...
 
+    @property
+    def kind(self) -> str:
+        """'redrafter' (recurrent head) or 'eagle' (EAGLE-class head without attention)."""
+
     def row_of(self, token: int) -> int: ...
+
+    def initial_state(self, hidden: Annotated[NDArray[numpy.float32], dict(order='C', device='cpu', writable=False)]) -> NDArray[numpy.float32]:
+        """The state [n, n_embd] of rows before their first step: zeros, or the hidden states."""
 
     def step(self, hidden: Annotated[NDArray[numpy.float32], dict(order='C', device='cpu', writable=False)], state: Annotated[NDArray[numpy.float32], dict(order='C', device='cpu', writable=False)], rows: Sequence[int]) -> tuple[NDArray[numpy.float32], NDArray[numpy.float32]]:
         """One head step for n rows: (logits [n, n_kept], new state [n, n_embd])."""

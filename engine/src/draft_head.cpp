@@ -20,12 +20,12 @@
 namespace spec {
 namespace {
 
-constexpr const char* kArch = "redrafter_head";
-// Graph nodes of one step: inputs, the RNN, per ResNet layer 4, output map and projection.
-constexpr size_t kGraphTensorsBase = 32;
+constexpr const char* kRedrafterArch = "redrafter_head";
+constexpr const char* kEagleArch = "eagle_head";
+// Graph nodes of one step: inputs, the RNN (or the EAGLE layer), per ResNet layer 4, output map
+// and projection.
+constexpr size_t kGraphTensorsBase = 40;
 constexpr size_t kGraphTensorsPerLayer = 4;
-
-std::string key(const char* suffix) { return std::string(kArch) + "." + suffix; }
 
 // Typed access to the head file's metadata; every failure names the file and the key.
 class HeadKeys {
@@ -81,6 +81,14 @@ struct DraftHead::Impl {
     ggml_tensor* out_proj_b = nullptr; // shared output: [d]
     ggml_tensor* output = nullptr;     // [k, V'] (null: shared and tied, the embedding rows)
     bool share_output = true;
+    // EAGLE-class head (ggml order)
+    ggml_tensor* w_in = nullptr;       // [2d, d]
+    ggml_tensor* ff_norm = nullptr;    // [d]
+    ggml_tensor* w_gate = nullptr;     // [d, n_ff]
+    ggml_tensor* w_up = nullptr;       // [d, n_ff]
+    ggml_tensor* w_down = nullptr;     // [n_ff, d]
+    ggml_tensor* out_norm = nullptr;   // [d]
+    float norm_eps = 1e-6f;
     std::vector<uint8_t> graph_meta;   // ggml_context memory for one step's graph (no data)
 
     ~Impl() {
@@ -111,17 +119,28 @@ DraftHead::DraftHead(const std::string& path, const Model& target, const HeadPar
 
     const HeadKeys keys(im.file, path);
     const std::string arch = keys.str("general.architecture");
-    if (arch != kArch) throw HeadFileError(path + ": architecture '" + arch + "', not a draft head ('" + kArch + "')");
+    if (arch != kRedrafterArch && arch != kEagleArch) {
+        throw HeadFileError(path + ": architecture '" + arch + "', not a draft head ('" + kRedrafterArch + "' or '" +
+                            kEagleArch + "')");
+    }
+    kind_ = arch == kEagleArch ? Kind::Eagle : Kind::Redrafter;
+    const auto key = [&arch](const char* suffix) { return arch + "." + suffix; };
     const uint32_t version = keys.u32(key("format_version"));
     if (version != kHeadFormatVersion) {
         throw HeadFileError(path + ": head format version " + std::to_string(version) + ", this engine reads " +
                             std::to_string(kHeadFormatVersion));
     }
     n_embd_ = int32_t(keys.u32(key("embedding_length")));
-    n_res_ = int32_t(keys.u32(key("block_count")));
     const int32_t n_kept = int32_t(keys.u32(key("kept_vocab_size")));
-    im.share_output = keys.boolean(key("share_output"));
     const bool tied = keys.boolean(key("output_tied"));
+    int64_t n_ff = 0;
+    if (kind_ == Kind::Redrafter) {
+        n_res_ = int32_t(keys.u32(key("block_count")));
+        im.share_output = keys.boolean(key("share_output"));
+    } else {
+        n_ff = int64_t(keys.u32(key("feed_forward_length")));
+        im.norm_eps = gguf_get_val_f32(im.file, keys.find(key("norm_epsilon"), GGUF_TYPE_FLOAT32));
+    }
 
     // The target it was trained for: the first difference is the error.
     const auto mismatch = [&](const std::string& what, const std::string& head, const std::string& model) {
@@ -159,29 +178,42 @@ DraftHead::DraftHead(const std::string& path, const Model& target, const HeadPar
     ggml_tensor* vocab_tensor = tensor("head.vocab", V, 1);
     if (vocab_tensor->type != GGML_TYPE_I32) throw HeadFileError(path + ": tensor head.vocab must be I32");
     im.embd = tensor("head.token_embd.weight", d, V + 1);
-    im.rnn_w = tensor("head.rnn_w.weight", d, d);
-    im.rnn_u = tensor("head.rnn_u.weight", d, d);
-    im.rnn_b = tensor("head.rnn_u.bias", d, 1);
-    for (int32_t k = 0; k < n_res_; ++k) {
-        im.res_w.push_back(tensor("head.res." + std::to_string(k) + ".weight", d2, d2));
-        im.res_b.push_back(tensor("head.res." + std::to_string(k) + ".bias", d2, 1));
-    }
-    if (im.share_output) {
-        im.out_proj = tensor("head.out_proj.weight", d2, d);
-        im.out_proj_b = tensor("head.out_proj.bias", d, 1);
+    if (kind_ == Kind::Eagle) {
+        im.w_in = tensor("head.w_in.weight", d2, d);
+        im.ff_norm = tensor("head.ff_norm.weight", d, 1);
+        im.w_gate = tensor("head.w_gate.weight", d, n_ff);
+        im.w_up = tensor("head.w_up.weight", d, n_ff);
+        im.w_down = tensor("head.w_down.weight", n_ff, d);
+        im.out_norm = tensor("head.out_norm.weight", d, 1);
         if (!tied) im.output = tensor("head.output.weight", d, V);
     } else {
-        im.output = tensor("head.output.weight", d2, V);
+        im.rnn_w = tensor("head.rnn_w.weight", d, d);
+        im.rnn_u = tensor("head.rnn_u.weight", d, d);
+        im.rnn_b = tensor("head.rnn_u.bias", d, 1);
+        for (int32_t k = 0; k < n_res_; ++k) {
+            im.res_w.push_back(tensor("head.res." + std::to_string(k) + ".weight", d2, d2));
+            im.res_b.push_back(tensor("head.res." + std::to_string(k) + ".bias", d2, 1));
+        }
+        if (im.share_output) {
+            im.out_proj = tensor("head.out_proj.weight", d2, d);
+            im.out_proj_b = tensor("head.out_proj.bias", d, 1);
+            if (!tied) im.output = tensor("head.output.weight", d, V);
+        } else {
+            im.output = tensor("head.output.weight", d2, V);
+        }
     }
-    for (ggml_tensor* t : {im.rnn_b, im.out_proj_b}) {
-        if (t && t->type != GGML_TYPE_F32) throw HeadFileError(path + ": bias " + ggml_get_name(t) + " must be F32");
+    for (ggml_tensor* t : {im.rnn_b, im.out_proj_b, im.ff_norm, im.out_norm}) {
+        if (t && t->type != GGML_TYPE_F32) {
+            throw HeadFileError(path + ": vector " + ggml_get_name(t) + " must be F32");
+        }
     }
     for (ggml_tensor* t : im.res_b) {
         if (t->type != GGML_TYPE_F32) throw HeadFileError(path + ": bias " + ggml_get_name(t) + " must be F32");
     }
     // Matrices go through ggml_get_rows and ggml_mul_mat, which take float and quantized types;
     // an integer or f64 matrix would reach a kernel ggml does not have and abort the process.
-    std::vector<ggml_tensor*> matrices = {im.embd, im.rnn_w, im.rnn_u, im.out_proj, im.output};
+    std::vector<ggml_tensor*> matrices = {im.embd,   im.rnn_w,  im.rnn_u, im.out_proj, im.output,
+                                          im.w_in,   im.w_gate, im.w_up,  im.w_down};
     matrices.insert(matrices.end(), im.res_w.begin(), im.res_w.end());
     for (ggml_tensor* t : matrices) {
         if (!t) continue;
@@ -245,6 +277,15 @@ int32_t DraftHead::row_of(int32_t token) const {
     return token >= 0 && token < int32_t(row_of_.size()) ? row_of_[size_t(token)] : n_kept();
 }
 
+void DraftHead::initial_state(const float* hidden, float* state, int32_t n) const {
+    const size_t size = size_t(std::max(n, 0)) * size_t(n_embd_);
+    if (kind_ == Kind::Eagle) {
+        std::copy_n(hidden, size, state);
+    } else {
+        std::fill_n(state, size, 0.0f);
+    }
+}
+
 std::string DraftHead::backend_name() const { return ggml_backend_name(impl_->backend); }
 
 void DraftHead::step(const float* hidden, float* state, const int32_t* rows, int32_t n, float* logits) {
@@ -270,16 +311,30 @@ void DraftHead::step(const float* hidden, float* state, const int32_t* rows, int
     ggml_tensor* r = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n);
     for (ggml_tensor* t : {x, s, r}) ggml_set_input(t);
     ggml_tensor* e = ggml_get_rows(ctx, im.embd, r);  // [d, n]
-    ggml_tensor* a = ggml_add(ctx, ggml_add(ctx, ggml_mul_mat(ctx, im.rnn_w, e), ggml_mul_mat(ctx, im.rnn_u, s)), im.rnn_b);
-    ggml_tensor* s_new = ggml_silu(ctx, a);
-    ggml_tensor* h = ggml_concat(ctx, x, s_new, 0);  // [2d, n]
-    for (size_t k = 0; k < im.res_w.size(); ++k) {
-        h = ggml_add(ctx, h, ggml_silu(ctx, ggml_add(ctx, ggml_mul_mat(ctx, im.res_w[k], h), im.res_b[k])));
-    }
+    ggml_tensor* s_new = nullptr;
+    ggml_tensor* h = nullptr;
     ggml_tensor* output = im.output;
-    if (im.share_output) {
-        h = ggml_add(ctx, ggml_mul_mat(ctx, im.out_proj, h), im.out_proj_b);  // [d, n]
+    if (kind_ == Kind::Eagle) {
+        // x is not read: the state holds the feature, x itself before the first step.
+        ggml_tensor* z = ggml_mul_mat(ctx, im.w_in, ggml_concat(ctx, s, e, 0));     // [d, n]
+        ggml_tensor* m = ggml_mul(ctx, ggml_rms_norm(ctx, z, im.norm_eps), im.ff_norm);
+        ggml_tensor* gated = ggml_mul(ctx, ggml_silu(ctx, ggml_mul_mat(ctx, im.w_gate, m)), ggml_mul_mat(ctx, im.w_up, m));
+        ggml_tensor* a = ggml_add(ctx, z, ggml_mul_mat(ctx, im.w_down, gated));
+        s_new = ggml_mul(ctx, ggml_rms_norm(ctx, a, im.norm_eps), im.out_norm);     // the next feature
+        h = s_new;
         if (!output) output = ggml_view_2d(ctx, im.embd, d, V, im.embd->nb[1], 0);
+    } else {
+        ggml_tensor* a = ggml_add(ctx, ggml_add(ctx, ggml_mul_mat(ctx, im.rnn_w, e), ggml_mul_mat(ctx, im.rnn_u, s)),
+                                  im.rnn_b);
+        s_new = ggml_silu(ctx, a);
+        h = ggml_concat(ctx, x, s_new, 0);  // [2d, n]
+        for (size_t k = 0; k < im.res_w.size(); ++k) {
+            h = ggml_add(ctx, h, ggml_silu(ctx, ggml_add(ctx, ggml_mul_mat(ctx, im.res_w[k], h), im.res_b[k])));
+        }
+        if (im.share_output) {
+            h = ggml_add(ctx, ggml_mul_mat(ctx, im.out_proj, h), im.out_proj_b);  // [d, n]
+            if (!output) output = ggml_view_2d(ctx, im.embd, d, V, im.embd->nb[1], 0);
+        }
     }
     ggml_tensor* out = ggml_mul_mat(ctx, output, h);  // [V', n]
     ggml_set_output(s_new);
@@ -288,7 +343,8 @@ void DraftHead::step(const float* hidden, float* state, const int32_t* rows, int
     ggml_build_forward_expand(graph, s_new);
     ggml_build_forward_expand(graph, out);
     if (!ggml_gallocr_alloc_graph(im.allocr, graph)) throw DecodeError("head: could not allocate the step's graph");
-    ggml_backend_tensor_set(x, hidden, 0, ggml_nbytes(x));
+    // x takes no part in an EAGLE step: the allocator leaves an unused input without memory.
+    if (x->buffer) ggml_backend_tensor_set(x, hidden, 0, ggml_nbytes(x));
     ggml_backend_tensor_set(s, state, 0, ggml_nbytes(s));
     ggml_backend_tensor_set(r, rows, 0, ggml_nbytes(r));
     if (ggml_backend_graph_compute(im.backend, graph) != GGML_STATUS_SUCCESS) {

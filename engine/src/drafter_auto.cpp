@@ -269,7 +269,7 @@ private:
             const int32_t row = head.row_of(request.tokens->back());
             double fastest = 1e300;
             for (int i = 0; i < 2; ++i) {
-                std::fill(state.begin(), state.end(), 0.0f);
+                head.initial_state(request.target_hidden, state.data(), 1);
                 const auto t0 = Clock::now();
                 head.step(request.target_hidden, state.data(), &row, 1, logits.data());
                 fastest = std::min(fastest, ms_since(t0));

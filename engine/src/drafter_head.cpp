@@ -39,7 +39,8 @@ public:
         const size_t d = size_t(head_.n_embd()), V = size_t(head_.n_kept());
 
         hidden_.assign(request.target_hidden, request.target_hidden + d);
-        state_.assign(d, 0.0f);
+        state_.resize(d);
+        head_.initial_state(hidden_.data(), state_.data(), 1);
         rows_.assign(1, head_.row_of(request.tokens->back()));
         logits_.resize(V);
         head_.step(hidden_.data(), state_.data(), rows_.data(), 1, logits_.data());

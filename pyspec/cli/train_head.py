@@ -108,24 +108,49 @@ def run_train_head(args: argparse.Namespace) -> dict[str, Any]:
     column_of[vocab] = np.arange(len(vocab))
 
     # 3. Train (resumable) and export.
-    config = TrainConfig(depth=args.depth, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+    batch_size = args.batch_size or (8 if args.arch == "eagle" else 128)
+    config = TrainConfig(depth=args.depth, epochs=args.epochs, batch_size=batch_size, lr=args.lr,
                          eval_fraction=args.eval_fraction, eval_every=args.eval_every, threads=args.train_threads,
                          bf16=args.bf16)
     torch.manual_seed(config.seed)
-    if start is None:
-        head = new_head(weights, vocab, n_res_layers=args.res_layers, share_output=not args.own_output)
-    else:  # the frozen rows from the target itself, the trained weights from the head
-        head = new_head(weights, vocab, n_res_layers=start.config.n_res_layers,
-                        share_output=start.config.share_output)
-        trainable = dict(head.named_parameters())
-        head.load_state_dict({k: v for k, v in start.state_dict().items() if k in trainable}, strict=False)
-        report["init_from"] = str(args.init_from)
-    train_ex = build_examples(train, column_of, config.depth)
-    held_ex = build_examples(held, column_of, config.depth) if held else None
+    train_kwargs: dict[str, Any] = {}
+    if args.arch == "eagle":
+        from ..head.eagle import EagleConfig, EagleHead
+        from ..head.eagle_train import build_windows, evaluate_windows, window_loss
+        if start is not None:
+            raise ValueError("--init-from takes a ReDrafter head (--arch redrafter)")
+        eagle_config = EagleConfig(n_embd=weights.info.n_embd, n_target_vocab=n_vocab, n_ff=args.ff, attention=False)
+        head = EagleHead(eagle_config, torch.from_numpy(vocab), torch.from_numpy(weights.embedding),
+                         None if weights.output is None else torch.from_numpy(weights.output))
+        feature_weight = args.feature_weight
+
+        def loss_fn(h: Any, w: Any, idx: Any) -> Any:
+            return window_loss(h, w, idx, feature_weight)
+
+        def examples(seqs: list[Any], depth: int) -> Any:
+            return build_windows(seqs, column_of, depth)
+        train_ex = build_windows(train, column_of, config.depth, args.window)
+        train_kwargs = {"loss_fn": loss_fn, "eval_fn": evaluate_windows,
+                        "settings": {"arch": "eagle", "ff": args.ff, "window": args.window,
+                                     "feature_weight": feature_weight}}
+    else:
+        if start is None:
+            head = new_head(weights, vocab, n_res_layers=args.res_layers, share_output=not args.own_output)
+        else:  # the frozen rows from the target itself, the trained weights from the head
+            head = new_head(weights, vocab, n_res_layers=start.config.n_res_layers,
+                            share_output=start.config.share_output)
+            trainable = dict(head.named_parameters())
+            head.load_state_dict({k: v for k, v in start.state_dict().items() if k in trainable}, strict=False)
+            report["init_from"] = str(args.init_from)
+
+        def examples(seqs: list[Any], depth: int) -> Any:
+            return build_examples(seqs, column_of, depth)
+        train_ex = build_examples(train, column_of, config.depth)
+    held_ex = examples(held, config.depth) if held else None
     # The held-out target answers apart, when the held-out set also has reference texts.
     answers = [s for s in held if s.source == "target"]
-    answers_ex = build_examples(answers, column_of, config.depth) if answers and len(answers) < len(held) else None
-    report.update(n_train_examples=train_ex.n, n_held_out_examples=held_ex.n if held_ex else 0,
+    answers_ex = examples(answers, config.depth) if answers and len(answers) < len(held) else None
+    report.update(arch=args.arch, n_train_examples=train_ex.n, n_held_out_examples=held_ex.n if held_ex else 0,
                   n_held_out_answer_examples=answers_ex.n if answers_ex else None,
                   trainable_parameters=sum(p.numel() for p in head.parameters() if p.requires_grad))
     bar = _progress("train")
@@ -146,7 +171,7 @@ def run_train_head(args: argparse.Namespace) -> dict[str, Any]:
 
     left = None if deadline is None else max(0.0, deadline - time.monotonic())
     state = train_head(head, train_ex, held_ex, config, work, on_step=on_step, on_eval=on_eval, max_seconds=left,
-                       held_out_answers=answers_ex)
+                       held_out_answers=answers_ex, **train_kwargs)
     bar.close()
     report["train_seconds"] = round(time.time() - t1, 1)
     report["history"] = state.history
@@ -194,9 +219,10 @@ def register(subparsers: Any) -> None:
     from .options import add_engine_options
 
     p = subparsers.add_parser(
-        "train-head", help="train a ReDrafter draft head for a target (method redrafter)",
+        "train-head", help="train a draft head for a target (method redrafter)",
         description="Makes training data with the target (its answers to --prompts, hidden states and "
-                    "top-32 distributions; missing sequences only), trains a recurrent draft head on it "
+                    "top-32 distributions; missing sequences only), trains a draft head on it (ReDrafter's recurrent "
+                    "head or an EAGLE-class one, --arch) "
                     "(resumable: checkpoints in --work-dir), evaluates it on held-out prompts and writes "
                     "the head GGUF. Needs PyTorch.")
     p.add_argument("--target", default=None, help="GGUF path or registry name (default: the registry's default target)")
@@ -216,12 +242,20 @@ def register(subparsers: Any) -> None:
                    help="reference answers cut to this many tokens (default 384)")
     p.add_argument("--sampled-every", type=int, default=3, help="sampled answers for every N-th prompt (default 3)")
     p.add_argument("--kept-vocab", type=int, default=16384, help="tokens the head predicts (default 16384)")
-    p.add_argument("--res-layers", type=int, default=1, help="ResNet layers (default 1)")
+    p.add_argument("--arch", choices=["redrafter", "eagle"], default="redrafter",
+                   help="redrafter: the recurrent head; eagle: an EAGLE-class head (feature prediction through "
+                        "one decoder layer's MLP, trained on its own predicted features) (default redrafter)")
+    p.add_argument("--res-layers", type=int, default=1, help="redrafter: ResNet layers (default 1)")
+    p.add_argument("--ff", type=int, default=4096, help="eagle: MLP width (default 4096)")
+    p.add_argument("--window", type=int, default=256, help="eagle: rows per training window (default 256)")
+    p.add_argument("--feature-weight", type=float, default=0.1,
+                   help="eagle: weight of the predicted feature's distance to the target's (default 0.1)")
     p.add_argument("--own-output", action="store_true",
                    help="train an output matrix of its own instead of sharing the target's (frozen)")
     p.add_argument("--depth", type=int, default=5, help="draft steps trained (default 5)")
     p.add_argument("--epochs", type=float, default=3.0)
-    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="rows (redrafter, default 128) or windows of --window rows (eagle, default 8) per step")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--eval-fraction", type=float, default=0.08, help="share of prompts held out (default 0.08)")
     p.add_argument("--eval-every", type=int, default=100, help="steps between held-out evaluations")

@@ -17,6 +17,13 @@ Tensors (numpy layout [rows, cols]; GGUF lists dimensions reversed):
   [V', 2d].
 Matrices are written as f32, f16 or q8_0, vectors as f32; the file is written beside its final
 path, fsynced and renamed.
+
+An EAGLE-class head without attention (pyspec/head/eagle.py) is architecture `eagle_head`, keys
+under `eagle_head.`: those above but `block_count` and `share_output`, plus
+`feed_forward_length` (n_ff) and `norm_epsilon`; tensors `head.vocab`, `head.token_embd.weight`,
+`head.w_in.weight` [d, 2d], `head.ff_norm.weight` [d], `head.w_gate.weight` and
+`head.w_up.weight` [n_ff, d], `head.w_down.weight` [d, n_ff], `head.out_norm.weight` [d], and
+unless tied `head.output.weight` [V', d]. Only the engine reads it back.
 """
 
 from __future__ import annotations
@@ -30,9 +37,11 @@ import numpy as np
 import torch
 
 from ..errors import HeadFileError
+from .eagle import EagleHead
 from .model import HeadConfig, RecurrentHead
 
 ARCH = "redrafter_head"
+EAGLE_ARCH = "eagle_head"
 HEAD_FORMAT_VERSION = 1
 Q = gguf.GGMLQuantizationType
 MATRIX_TYPES = {"f32": Q.F32, "f16": Q.F16, "q8_0": Q.Q8_0}
@@ -135,24 +144,35 @@ def _matrix(values: torch.Tensor, qtype: gguf.GGMLQuantizationType) -> tuple[np.
     return gguf.quants.quantize(np.ascontiguousarray(a), qtype), qtype
 
 
-def export_head(head: RecurrentHead, info: TargetInfo, out: str | os.PathLike[str], dtype: str = "q8_0") -> Path:
-    """Writes `head` (trained for the target `info`) as a head GGUF; returns the path."""
+def export_head(head: RecurrentHead | EagleHead, info: TargetInfo, out: str | os.PathLike[str],
+                dtype: str = "q8_0") -> Path:
+    """Writes `head` (trained for the target `info`) as a head GGUF; returns the path. An
+    EagleHead is written as architecture `eagle_head` and must be one without attention (the
+    engine runs those)."""
     if dtype not in MATRIX_TYPES:
         raise ValueError(f"dtype must be one of {', '.join(MATRIX_TYPES)}, got {dtype!r}")
     cfg = head.config
     if (info.n_embd, info.n_vocab) != (cfg.n_embd, cfg.n_target_vocab):
         raise ValueError(f"head is for width {cfg.n_embd} / vocabulary {cfg.n_target_vocab}, target info says "
                          f"{info.n_embd} / {info.n_vocab}")
+    eagle = isinstance(head, EagleHead)
+    if eagle and head.config.attention:
+        raise ValueError("the engine runs EAGLE-class heads without attention only (EagleConfig.attention=False)")
+    arch = EAGLE_ARCH if eagle else ARCH
     out = Path(out)
     tmp = out.with_name(out.name + ".tmp")
-    writer = gguf.GGUFWriter(str(tmp), ARCH)
-    p = f"{ARCH}."
+    writer = gguf.GGUFWriter(str(tmp), arch)
+    p = f"{arch}."
     writer.add_uint32(p + "format_version", HEAD_FORMAT_VERSION)
     writer.add_uint32(p + "embedding_length", cfg.n_embd)
-    writer.add_uint32(p + "block_count", cfg.n_res_layers)
     writer.add_uint32(p + "kept_vocab_size", head.n_kept)
-    writer.add_bool(p + "share_output", cfg.share_output)
     writer.add_bool(p + "output_tied", bool(head.output_tied))
+    if eagle:
+        writer.add_uint32(p + "feed_forward_length", head.config.n_ff)
+        writer.add_float32(p + "norm_epsilon", head.config.norm_eps)
+    else:
+        writer.add_uint32(p + "block_count", cfg.n_res_layers)
+        writer.add_bool(p + "share_output", cfg.share_output)
     writer.add_string(p + "target.name", info.name)
     writer.add_string(p + "target.architecture", info.architecture)
     writer.add_uint32(p + "target.block_count", info.n_layer)
@@ -169,19 +189,29 @@ def export_head(head: RecurrentHead, info: TargetInfo, out: str | os.PathLike[st
 
     writer.add_tensor("head.vocab", head.vocab.to(torch.int32).cpu().numpy())
     matrix("head.token_embd.weight", head.embedding)
-    matrix("head.rnn_w.weight", head.rnn_w.weight)
-    matrix("head.rnn_u.weight", head.rnn_u.weight)
-    vector("head.rnn_u.bias", head.rnn_u.bias)
-    for k, lin in enumerate(head.res):
-        matrix(f"head.res.{k}.weight", lin.weight)
-        vector(f"head.res.{k}.bias", lin.bias)
-    if cfg.share_output:
-        matrix("head.out_proj.weight", head.out_proj.weight)
-        vector("head.out_proj.bias", head.out_proj.bias)
+    if eagle:
+        matrix("head.w_in.weight", head.w_in.weight)
+        vector("head.ff_norm.weight", head.ff_norm.weight)
+        matrix("head.w_gate.weight", head.w_gate.weight)
+        matrix("head.w_up.weight", head.w_up.weight)
+        matrix("head.w_down.weight", head.w_down.weight)
+        vector("head.out_norm.weight", head.out_norm.weight)
         if not head.output_tied:
             matrix("head.output.weight", head.output)
     else:
-        matrix("head.output.weight", head.output_weight)
+        matrix("head.rnn_w.weight", head.rnn_w.weight)
+        matrix("head.rnn_u.weight", head.rnn_u.weight)
+        vector("head.rnn_u.bias", head.rnn_u.bias)
+        for k, lin in enumerate(head.res):
+            matrix(f"head.res.{k}.weight", lin.weight)
+            vector(f"head.res.{k}.bias", lin.bias)
+        if cfg.share_output:
+            matrix("head.out_proj.weight", head.out_proj.weight)
+            vector("head.out_proj.bias", head.out_proj.bias)
+            if not head.output_tied:
+                matrix("head.output.weight", head.output)
+        else:
+            matrix("head.output.weight", head.output_weight)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -199,7 +199,7 @@ class TrainState:
 
 
 def train_head(
-    head: RecurrentHead,
+    head: torch.nn.Module,
     train: Examples,
     held_out: Examples | None,
     config: TrainConfig,
@@ -209,6 +209,9 @@ def train_head(
     on_eval: Callable[[int, dict[str, object]], None] | None = None,
     max_seconds: float | None = None,
     held_out_answers: Examples | None = None,
+    loss_fn: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = batch_loss,
+    eval_fn: Callable[..., dict[str, object]] = evaluate,
+    settings: dict[str, object] | None = None,
 ) -> TrainState:
     """Trains `head` in place; resumes from work_dir/checkpoint.pt when present.
 
@@ -219,6 +222,9 @@ def train_head(
     the target's own answers (a subset of held_out when it also holds reference texts), evaluated
     apart as the entry's "answers": they are what a head drafts on in generation, and a head can
     do much better on reference texts than there.
+    loss_fn(head, train, idx) / eval_fn(head, examples): another head's loss and evaluation
+    (default: the recurrent head's, on Examples); `settings`: that head's own training settings,
+    stored with the checkpoint and, like `config`, required to match on resume.
     """
     started = time.monotonic()
     if config.threads > 0:
@@ -233,7 +239,8 @@ def train_head(
     state = TrainState(total=total)
     if ckpt_path.exists():
         ckpt = torch.load(ckpt_path, weights_only=False)
-        if _training_settings(ckpt["config"]) != _training_settings(asdict(config)):
+        if (_training_settings(ckpt["config"]) != _training_settings(asdict(config))
+                or ckpt.get("settings") != settings):
             raise ValueError(f"{ckpt_path} was made with other settings {ckpt['config']}; use another work dir")
         head.load_state_dict(ckpt["head"])
         opt.load_state_dict(ckpt["optimizer"])
@@ -248,7 +255,8 @@ def train_head(
 
     def save() -> None:
         tmp = ckpt_path.with_name("checkpoint.pt.tmp")
-        torch.save({"config": asdict(config), "head": head.state_dict(), "optimizer": opt.state_dict(),
+        torch.save({"config": asdict(config), "settings": settings, "head": head.state_dict(),
+                    "optimizer": opt.state_dict(),
                     "step": state.step, "history": state.history}, tmp)
         os.replace(tmp, ckpt_path)
 
@@ -256,9 +264,9 @@ def train_head(
         entry: dict[str, object] = {"step": state.step, "time": time.time(),
                                     "train_loss": None if math.isnan(train_loss) else train_loss}
         if held_out is not None and held_out.n:
-            entry.update(evaluate(head, held_out))
+            entry.update(eval_fn(head, held_out))
         if held_out_answers is not None and held_out_answers.n:
-            entry["answers"] = evaluate(head, held_out_answers)
+            entry["answers"] = eval_fn(head, held_out_answers)
         state.history.append(entry)
         if on_eval:
             on_eval(state.step, entry)
@@ -282,7 +290,7 @@ def train_head(
         for group in opt.param_groups:
             group["lr"] = lr_at(state.step)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
-            loss, _, _ = batch_loss(head, train, idx)
+            loss, _, _ = loss_fn(head, train, idx)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

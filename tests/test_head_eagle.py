@@ -1,0 +1,347 @@
+"""The EAGLE-class head: in PyTorch its all-steps-at-once forward is what drafting one token at a
+time computes, padding is never attended to, and training on data made by the tiny target
+improves held-out prediction and resumes only with the same settings; without attention it runs
+in the engine (architecture eagle_head) with the PyTorch head's logits, and method "redrafter"
+over it keeps greedy output identical and sampled output distributed as the target's."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.nn import functional as F
+
+import pyspec
+from pyspec import HeadFileError
+from pyspec.head.data import DataConfig, iter_sequences, make_training_data, plan_sequences
+from pyspec.head.eagle import EagleConfig, EagleHead, rope
+from pyspec.head.eagle_train import build_windows, evaluate_windows, window_loss
+from pyspec.head.gguf_io import export_head, new_head, read_target
+from pyspec.head.train import TrainConfig, is_held_out, kept_vocabulary, train_head
+from test_greedy import PROMPTS
+from test_head import KEPT, N_VOCAB, tiny_prompts
+from test_sampling import check_first_two_tokens
+
+
+def random_head(d: int = 16, n_head: int = 2, n_kept: int = 40, n_vocab: int = 60, seed: int = 0) -> EagleHead:
+    gen = torch.Generator().manual_seed(seed)
+    vocab = torch.randperm(n_vocab, generator=gen)[:n_kept]
+    head = EagleHead(EagleConfig(n_embd=d, n_target_vocab=n_vocab, n_head=n_head, n_ff=24),
+                     vocab, torch.randn(n_kept + 1, d, generator=gen), torch.randn(n_kept, d, generator=gen))
+    torch.manual_seed(seed)
+    for p in head.parameters():  # away from the near-identity start, so every path matters
+        p.data.add_(0.3 * torch.randn_like(p))
+    return head.eval()
+
+
+def draft_one_by_one(head: EagleHead, features: torch.Tensor, tokens: torch.Tensor, depth: int) -> torch.Tensor:
+    """Reference: what generation computes, one anchor and one step at a time. The head's cache
+    holds one entry (key, value at a position) per committed anchor j <= t, made from the
+    target's feature f_j and token x_{j+1}; step k of anchor t adds its own entry at position
+    t + k - 1 and attends over the cache plus the entries of its earlier steps."""
+    cfg = head.config
+    d = cfg.n_embd
+    hd = d // cfg.n_head
+    t_len = features.shape[0]
+
+    def entry(g: torch.Tensor, token: int, pos: int):
+        z = head.w_in(torch.cat([g, head.embedding[head.row_of[token]]]))
+        h = head.attn_norm(z)
+        split = lambda w: w(h).view(cfg.n_head, 1, hd)  # noqa: E731
+        p = torch.tensor([pos])
+        return z, rope(split(head.wq), p, cfg.rope_base), rope(split(head.wk), p, cfg.rope_base), split(head.wv)
+
+    cache = [entry(features[j], int(tokens[j, 0]), j) for j in range(t_len)]
+    out = torch.zeros(t_len, depth, head.n_kept)
+    for t in range(t_len):
+        g = features[t]
+        own: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for k in range(depth):
+            z, q, key, val = cache[t] if k == 0 else entry(g, int(tokens[t, k]), t + k)
+            if k > 0:
+                own.append((key, val))
+            keys = [c[2] for c in cache[: t + 1]] + [kk for kk, _ in own]
+            vals = [c[3] for c in cache[: t + 1]] + [vv for _, vv in own]
+            scores = torch.cat([(q * kk).sum(-1) for kk in keys], dim=-1) / math.sqrt(hd)  # [H, n]
+            probs = torch.softmax(scores, dim=-1)
+            mixed = sum(probs[:, i, None, None] * vv for i, vv in enumerate(vals))        # [H, 1, hd]
+            a = z + head.wo(mixed.reshape(d))
+            hh = head.ff_norm(a)
+            g = head.out_norm(a + head.w_down(F.silu(head.w_gate(hh)) * head.w_up(hh)))
+            out[t, k] = g @ head.output_rows().T
+    return out
+
+
+def test_all_steps_at_once_equal_drafting_one_token_at_a_time() -> None:
+    head = random_head()
+    torch.manual_seed(1)
+    t_len, depth = 7, 4
+    features = torch.randn(1, t_len, 16)
+    tokens = torch.randint(0, 60, (1, t_len, depth))
+    with torch.no_grad():
+        logits, _ = head(features, tokens, depth)
+        reference = draft_one_by_one(head, features[0], tokens[0], depth)
+    assert torch.allclose(logits[0], reference, atol=1e-4), (logits[0] - reference).abs().max()
+
+
+def test_padding_is_never_attended_to() -> None:
+    head = random_head(seed=2)
+    torch.manual_seed(3)
+    features = torch.randn(1, 5, 16)
+    tokens = torch.randint(0, 60, (1, 5, 3))
+    padded_f = torch.cat([features, 100 * torch.randn(1, 3, 16)], dim=1)
+    padded_t = torch.cat([tokens, torch.randint(0, 60, (1, 3, 3))], dim=1)
+    valid = torch.tensor([[True] * 5 + [False] * 3])
+    with torch.no_grad():
+        alone, _ = head(features, tokens, 3)
+        padded, _ = head(padded_f, padded_t, 3, valid)
+        unmasked, _ = head(padded_f, padded_t, 3)
+    assert torch.allclose(alone, padded[:, :5], atol=1e-5)
+    # Anchors after the padding would see it without the mask; anchors before never do (causal).
+    assert torch.allclose(alone, unmasked[:, :5], atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def eagle_data(tmp_path_factory: pytest.TempPathFactory, tiny_target: str) -> dict[str, object]:
+    work = tmp_path_factory.mktemp("eagle")
+    with pyspec.Engine(tiny_target, n_ctx=512, n_threads=2) as engine:
+        make_training_data(engine, plan_sequences(tiny_prompts(60), (0.0, 1.0), 2), work / "data",
+                           DataConfig(max_tokens=48, chat=False))
+    seqs = list(iter_sequences(work / "data"))
+    train = [s for s in seqs if not is_held_out(s.prompt_id, 0.15)]
+    held = [s for s in seqs if is_held_out(s.prompt_id, 0.15)]
+    assert train and held
+    vocab = kept_vocabulary(train, KEPT, N_VOCAB)
+    weights = read_target(tiny_target, vocab)
+    column_of = np.full(N_VOCAB, -1)
+    column_of[vocab] = np.arange(len(vocab))
+    return {"work": work, "train": train, "held": held, "vocab": vocab, "weights": weights, "column_of": column_of}
+
+
+def new_eagle(data: dict[str, object], attention: bool = True) -> EagleHead:
+    weights = data["weights"]
+    torch.manual_seed(0)
+    return EagleHead(EagleConfig(n_embd=weights.info.n_embd, n_target_vocab=weights.info.n_vocab, n_head=4, n_ff=128,
+                                 attention=attention),
+                     torch.from_numpy(data["vocab"]), torch.from_numpy(weights.embedding),
+                     None if weights.output is None else torch.from_numpy(weights.output))
+
+
+def test_windows_cover_every_row_once(eagle_data: dict[str, object]) -> None:
+    win = build_windows(eagle_data["train"], eagle_data["column_of"], depth=3, width=16)
+    assert win.n_anchors == sum(s.n_rows for s in eagle_data["train"])
+    b = win.batch(np.arange(win.n))
+    # Where a target row exists it is the anchor's row + k, in the same sequence.
+    rows = win.starts[:, None] + np.arange(16)
+    target = b["target"].numpy()
+    exists = b["exists"].numpy()
+    for k in range(3):
+        assert (target[..., k][exists[..., k]] == (rows + k + 1)[exists[..., k]]).all()
+    # Every row but a sequence's last has a step-1 target.
+    assert exists[..., 0].sum() == win.n_anchors - len(eagle_data["train"])
+
+
+def test_training_improves_held_out_prediction_and_resumes(eagle_data: dict[str, object], tmp_path: Path) -> None:
+    column_of = eagle_data["column_of"]
+    train = build_windows(eagle_data["train"], column_of, depth=3, width=16)
+    held = build_windows(eagle_data["held"], column_of, depth=3)
+    head = new_eagle(eagle_data)
+    before = evaluate_windows(head, held)
+    settings = {"arch": "eagle", "feature_weight": 0.1}
+    config = TrainConfig(depth=3, epochs=8, batch_size=8, lr=3e-3, eval_every=10**6)
+    loss_fn = lambda h, w, idx: window_loss(h, w, idx, 0.1)  # noqa: E731
+    state = train_head(head, train, held, config, tmp_path / "run", loss_fn=loss_fn, eval_fn=evaluate_windows,
+                       settings=settings)
+    after = state.history[-1]
+    assert state.finished
+    assert after["loss"] < before["loss"] - 1.0, (before, after)
+    assert after["acc"][0] > before["acc"][0] + 0.2, (before, after)
+    assert after["chain"][1] > before["chain"][1]
+    # The checkpoint carries the head's settings: other settings are refused, the same ones
+    # resume (here: nothing left to do, the weights come back as trained).
+    with pytest.raises(ValueError, match="other settings"):
+        train_head(new_eagle(eagle_data), train, held, config, tmp_path / "run", loss_fn=loss_fn,
+                   eval_fn=evaluate_windows, settings={"arch": "eagle", "feature_weight": 0.5})
+    again = new_eagle(eagle_data)
+    train_head(again, train, held, config, tmp_path / "run", loss_fn=loss_fn, eval_fn=evaluate_windows,
+               settings=settings)
+    assert all(torch.equal(a, b) for a, b in zip(head.state_dict().values(), again.state_dict().values()))
+
+
+def test_without_attention_each_anchor_drafts_alone() -> None:
+    head = random_head(seed=4)
+    plain = EagleHead(EagleConfig(n_embd=16, n_target_vocab=60, n_head=2, n_ff=24, attention=False),
+                      head.vocab, head.embedding, head.output)
+    plain.load_state_dict({k: v for k, v in head.state_dict().items() if k in plain.state_dict()})
+    torch.manual_seed(5)
+    features = torch.randn(1, 6, 16)
+    tokens = torch.randint(0, 60, (1, 6, 3))
+    with torch.no_grad():
+        together, _ = plain(features, tokens, 3)
+        alone = torch.cat([plain(features[:, t:t + 1], tokens[:, t:t + 1], 3)[0] for t in range(6)], dim=1)
+        with_attention, _ = head(features, tokens, 3)
+    assert torch.allclose(together, alone, atol=1e-5)
+    assert not torch.allclose(together, with_attention, atol=1e-3)  # the attention block is really gone
+
+
+@pytest.fixture(scope="module")
+def native(eagle_data: dict[str, object], tiny_target: str) -> dict[str, object]:
+    """An EAGLE-class head without attention, untrained and trained, exported in f32 and q8_0,
+    and an engine serving the trained f32 one."""
+    work = eagle_data["work"]
+    column_of = eagle_data["column_of"]
+    head = new_eagle(eagle_data, attention=False)
+    info = eagle_data["weights"].info
+    files = {"untrained": work / "eagle-untrained.gguf", "f32": work / "eagle-f32.gguf", "q8_0": work / "eagle-q8.gguf"}
+    export_head(head, info, files["untrained"], dtype="f32")
+    train_head(head, build_windows(eagle_data["train"], column_of, depth=3, width=16), None,
+               TrainConfig(depth=3, epochs=8, batch_size=8, lr=3e-3, eval_every=10**6), work / "eagle-mlp",
+               loss_fn=lambda h, w, idx: window_loss(h, w, idx, 0.1), eval_fn=evaluate_windows,
+               settings={"attention": False})
+    export_head(head, info, files["f32"], dtype="f32")
+    export_head(head, info, files["q8_0"], dtype="q8_0")
+    with pyspec.Engine(tiny_target, n_ctx=1024, n_threads=2, head=str(files["f32"])) as engine:
+        yield {"head": head.eval(), "files": {k: str(v) for k, v in files.items()}, "engine": engine}
+
+
+def test_only_heads_without_attention_are_exported(eagle_data: dict[str, object], tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="without attention"):
+        export_head(new_eagle(eagle_data), eagle_data["weights"].info, tmp_path / "x.gguf")
+    assert not (tmp_path / "x.gguf").exists()
+
+
+@pytest.mark.parametrize("dtype,atol", [("f32", 1e-4), ("q8_0", None)])
+def test_engine_eagle_head_equals_pytorch_head(native: dict[str, object], dtype: str, atol) -> None:
+    """Golden logits: three steps from the target's real hidden states through the PyTorch head
+    and the engine's ggml graph; f32 agrees to float rounding, q8_0 within its rounding with any
+    top-token flip on a near-tie."""
+    engine, head = native["engine"], native["head"]
+    core = engine._core.load_head(native["files"][dtype])
+    assert core.kind == "eagle" and core.n_res_layers == 0
+    tokens = engine.tokenize(PROMPTS[2])
+    _, hidden = engine.evaluate_hidden(tokens)
+    n = hidden.shape[0]
+    state = core.initial_state(hidden)
+    np.testing.assert_array_equal(state, hidden)  # an EAGLE head starts from the target's feature
+    steps = [tokens[k:] + tokens[:k] for k in range(3)]  # different previous tokens each step
+    with torch.no_grad():
+        ref, feats = head(torch.from_numpy(hidden)[:, None], torch.tensor(steps).T[:, None, :], 3)
+    for k in range(3):
+        logits, state = core.step(hidden, state, [core.row_of(t) for t in steps[k]])
+        want = ref[:, 0, k].numpy()
+        assert logits.shape == want.shape == (n, KEPT)
+        if atol is not None:
+            np.testing.assert_allclose(logits, want, atol=atol)
+            np.testing.assert_allclose(state, feats[:, 0, k].numpy(), atol=atol)
+        else:
+            scale = np.abs(want).max()
+            assert np.abs(logits - want).max() < 0.03 * scale
+            top2 = np.sort(want, axis=1)[:, -2:]
+            flips = np.flatnonzero(logits.argmax(1) != want.argmax(1))
+            assert all(top2[i, 1] - top2[i, 0] < 0.05 * scale for i in flips), flips
+            state = feats[:, 0, k].numpy().astype(np.float32)  # keep the q8_0 run on the reference path
+
+
+@pytest.mark.parametrize("beams,length", [(1, 5), (4, 5)])
+def test_eagle_head_greedy_equals_plain(native: dict[str, object], beams: int, length: int) -> None:
+    engine = native["engine"]
+    for prompt in PROMPTS:
+        plain = engine.generate(prompt, max_tokens=48, method="none")
+        spec = engine.generate(prompt, max_tokens=48, method="redrafter", beams=beams, beam_length=length)
+        assert spec.tokens == plain.tokens, (beams, length, prompt)
+        s = spec.stats
+        assert s.n_generated == s.n_accepted + s.n_target_calls
+
+
+def test_engine_drafts_with_what_the_eagle_head_learned(native: dict[str, object]) -> None:
+    engine = native["engine"]
+    rates = {}
+    for name in ("untrained", "f32"):
+        engine.reload_head(native["files"][name])
+        r = engine.generate(PROMPTS[0], max_tokens=64, method="redrafter", beams=2, beam_length=4)
+        rates[name] = r.stats.acceptance_rate
+    assert rates["f32"] > rates["untrained"] + 0.1, rates
+
+
+def test_eagle_head_samples_target_distribution(native: dict[str, object]) -> None:
+    engine = native["engine"]
+    engine.reload_head(native["files"]["f32"])
+    prompt = engine.tokenize(PROMPTS[0])
+    _, _, n_accepted, _ = check_first_two_tokens(engine, prompt, method="redrafter", beams=2, beam_length=3)
+    assert n_accepted > 0
+
+
+def test_a_broken_eagle_head_keeps_the_old_one(native: dict[str, object], eagle_data: dict[str, object],
+                                                tmp_path: Path) -> None:
+    """A head file without its MLP's width, or with a misshapen tensor, is refused by name and
+    the head serving before it keeps serving."""
+    import gguf
+    engine = native["engine"]
+    engine.reload_head(native["files"]["f32"])
+    reader = gguf.GGUFReader(native["files"]["f32"])
+    for drop_key, bad_tensor, message in (("eagle_head.feed_forward_length", None, "feed_forward_length missing"),
+                                          (None, "head.w_up.weight", "head.w_up.weight is")):
+        path = tmp_path / "broken.gguf"
+        writer = gguf.GGUFWriter(str(path), "eagle_head")
+        for name, field in reader.fields.items():
+            if name.startswith("eagle_head.") and name != drop_key:
+                value = field.contents()
+                if isinstance(value, bool):
+                    writer.add_bool(name, value)
+                elif isinstance(value, str):
+                    writer.add_string(name, value)
+                elif isinstance(value, float):
+                    writer.add_float32(name, value)
+                else:
+                    writer.add_uint32(name, int(value))
+        for t in reader.tensors:
+            data = np.array(t.data)
+            if t.name == bad_tensor:
+                data = data[:-1]  # one row short
+            writer.add_tensor(t.name, data)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        with pytest.raises(HeadFileError, match=message):
+            engine.reload_head(str(path))
+        assert engine.head_path == native["files"]["f32"]
+        r = engine.generate(PROMPTS[1], max_tokens=24, method="redrafter", beams=2, beam_length=3)
+        assert r.tokens == engine.generate(PROMPTS[1], max_tokens=24, method="none").tokens
+
+
+def test_train_head_command_trains_an_eagle_head_the_engine_runs(tmp_path: Path, tiny_target: str) -> None:
+    """`pyspec train-head --arch eagle`: data (stopped by --time-budget after one sequence, then
+    the rest), training, the held-out report, an `eagle_head` GGUF that `pyspec generate --head`
+    drafts with."""
+    import json
+
+    from test_cli import pyspec_cli
+
+    args = ["train-head", "--arch", "eagle", "--ff", "96", "--window", "16", "--target", tiny_target,
+            "--data", str(tmp_path / "data"), "--out", str(tmp_path / "e.gguf"), "--prompts", "humaneval[0:8]",
+            "--max-tokens", "24", "--kept-vocab", "200", "--epochs", "4", "--depth", "3", "--batch-size", "4",
+            "--eval-fraction", "0.25", "--dtype", "f32", "--threads", "2", "--json"]
+    partial = pyspec_cli(*args, "--time-budget", "0")   # data: one sequence only
+    assert partial.returncode == 0, partial.stderr
+    assert json.loads(partial.stdout)["total_steps"] is None and not (tmp_path / "e.gguf").exists()
+    done = pyspec_cli(*args)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["arch"] == "eagle" and report["step"] == report["total_steps"] > 1
+    first, last = report["history"][0], report["history"][-1]
+    assert last["loss"] < first["loss"] and len(last["acc"]) == 3
+    with pyspec.Engine(tiny_target, n_ctx=1024, n_threads=2) as engine:
+        assert engine._core.load_head(str(tmp_path / "e.gguf")).kind == "eagle"
+    gen = pyspec_cli("generate", "--target", tiny_target, "--head", str(tmp_path / "e.gguf"), "--prompt", "def f():",
+                     "--max-tokens", "16", "--method", "redrafter", "--beams", "2", "--json")
+    assert gen.returncode == 0, gen.stderr
+    plain = pyspec_cli("generate", "--target", tiny_target, "--prompt", "def f():", "--max-tokens", "16",
+                       "--method", "none", "--json")
+    assert json.loads(gen.stdout)["tokens"] == json.loads(plain.stdout)["tokens"]
+    # A ReDrafter head cannot seed an EAGLE-class one.
+    wrong = pyspec_cli(*args, "--init-from", str(tmp_path / "e.gguf"), "--work-dir", str(tmp_path / "w2"))
+    assert wrong.returncode == 1
