@@ -156,6 +156,9 @@ def run_train(args: argparse.Namespace) -> None:
               "train_minutes": round((time.time() - t0) / 60, 1), "held_out": eval_fn(head, held_set),
               "per_suite": per_suite}
     write_report(work / "report.json", report)
+    if args.head == "redrafter" or args.no_attention:
+        from pyspec.head.gguf_io import export_head
+        export_head(head, weights.info, work / "head.gguf", dtype="q8_0")
     print(json.dumps({k: report[k] for k in ("held_out", "per_suite")}, indent=1))
 
 
@@ -173,8 +176,10 @@ def head_macs(head: Any, kind: str) -> int:
 
 def run_draft(args: argparse.Namespace) -> None:
     from pyspec import Engine
+    from pyspec.head.train import DepthTally
     held = held_out_sequences(args.out)
-    per_suite: dict[str, dict[str, np.ndarray]] = {}
+    per_suite: dict[str, DepthTally] = {}
+    total = DepthTally(DEPTH)
     with Engine(resolve_model(args.target), draft=resolve_model(args.draft), n_threads=args.threads,
                 n_ctx=4096) as engine:
         for i, seq in enumerate(held):
@@ -182,26 +187,17 @@ def run_draft(args: argparse.Namespace) -> None:
             draft_top = logits.argmax(axis=1)                          # row r: after token first_row + r
             target_top = seq.top_ids[:, 0]
             n = seq.n_rows
-            hits = np.zeros((n - 1, DEPTH), dtype=bool)
-            exists = np.zeros((n - 1, DEPTH), dtype=bool)
-            for k in range(1, DEPTH + 1):
-                r = np.arange(n - 1) + k
-                ok = r < n
-                exists[:, k - 1] = ok
-                hits[ok, k - 1] = draft_top[r[ok]] == target_top[r[ok]]
-            acc = per_suite.setdefault(suite_of(seq.prompt_id), {"right": np.zeros(DEPTH), "chain": np.zeros(DEPTH),
-                                                                 "counted": np.zeros(DEPTH)})
-            acc["right"] += hits.sum(0)
-            acc["chain"] += np.cumprod(hits, axis=1).sum(0)
-            acc["counted"] += exists.sum(0)
+            target = np.arange(n - 1)[:, None] + np.arange(1, DEPTH + 1)   # [n - 1, DEPTH]
+            exists = target < n
+            safe = np.where(exists, target, 0)
+            hits = draft_top[safe] == target_top[safe]
+            for tally in (per_suite.setdefault(suite_of(seq.prompt_id), DepthTally(DEPTH)), total):
+                tally.add(hits, exists)
             print(f"\rdraft {i + 1}/{len(held)}", end="")
     print()
-
-    def rates(a: dict[str, np.ndarray]) -> dict[str, Any]:
-        c = np.maximum(a["counted"], 1)
-        return {"acc": (a["right"] / c).round(4).tolist(), "chain": (a["chain"] / c).round(4).tolist()}
-    total = {key: sum(a[key] for a in per_suite.values()) for key in ("right", "chain", "counted")}
-    report = {"draft": args.draft, "held_out": rates(total), "per_suite": {s: rates(a) for s, a in per_suite.items()}}
+    strip = lambda r: {k: r[k] for k in ("acc", "chain")}  # noqa: E731
+    report = {"draft": args.draft, "held_out": strip(total.result()),
+              "per_suite": {s: strip(t.result()) for s, t in per_suite.items()}}
     (args.out / "draft.json").write_text(json.dumps(report, indent=1))
     print(json.dumps(report, indent=1))
 

@@ -45,11 +45,10 @@ def test_plans_name_sequences_by_prompt_not_by_place() -> None:
     assert 0 < sum(spec.temperature > 0 for _, spec in large) < 30
 
 
-@pytest.fixture(scope="module")
-def head_files(tmp_path_factory: pytest.TempPathFactory, tiny_target: str) -> dict[str, object]:
-    """An untrained and a trained head for the tiny target (data made by the target: greedy and
-    sampled answers), in f32 and q8_0, and the held-out evaluation before and after training."""
-    work = tmp_path_factory.mktemp("head")
+def tiny_head_data(tiny_target: str, work: Path) -> dict[str, object]:
+    """Data made by the tiny target in work/data (greedy and sampled answers to 60 prompts),
+    split into training and held-out sequences, the kept vocabulary, the target's rows of it and
+    the column of each target token (-1: not kept)."""
     with pyspec.Engine(tiny_target, n_ctx=512, n_threads=2) as engine:
         make_training_data(engine, plan_sequences(tiny_prompts(60), (0.0, 1.0), 2), work / "data",
                            DataConfig(max_tokens=48, chat=False))
@@ -57,9 +56,19 @@ def head_files(tmp_path_factory: pytest.TempPathFactory, tiny_target: str) -> di
     train = [s for s in seqs if not is_held_out(s.prompt_id, 0.15)]
     held = [s for s in seqs if is_held_out(s.prompt_id, 0.15)]
     vocab = kept_vocabulary(train, KEPT, N_VOCAB)
-    weights = read_target(tiny_target, vocab)
     column_of = np.full(N_VOCAB, -1)
     column_of[vocab] = np.arange(len(vocab))
+    return {"work": work, "train": train, "held": held, "vocab": vocab, "weights": read_target(tiny_target, vocab),
+            "column_of": column_of}
+
+
+@pytest.fixture(scope="module")
+def head_files(tmp_path_factory: pytest.TempPathFactory, tiny_target: str) -> dict[str, object]:
+    """An untrained and a trained head for the tiny target (data made by the target: greedy and
+    sampled answers), in f32 and q8_0, and the held-out evaluation before and after training."""
+    work = tmp_path_factory.mktemp("head")
+    data = tiny_head_data(tiny_target, work)
+    train, held, vocab, weights, column_of = (data[k] for k in ("train", "held", "vocab", "weights", "column_of"))
     torch.manual_seed(0)
     head = new_head(weights, vocab, n_res_layers=2)
     export_head(head, weights.info, work / "untrained.gguf", dtype="f32")

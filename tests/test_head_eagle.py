@@ -16,13 +16,12 @@ from torch.nn import functional as F
 
 import pyspec
 from pyspec import HeadFileError
-from pyspec.head.data import DataConfig, iter_sequences, make_training_data, plan_sequences
 from pyspec.head.eagle import EagleConfig, EagleHead, rope
 from pyspec.head.eagle_train import build_windows, evaluate_windows, window_loss
-from pyspec.head.gguf_io import export_head, new_head, read_target
-from pyspec.head.train import TrainConfig, is_held_out, kept_vocabulary, train_head
+from pyspec.head.gguf_io import export_head
+from pyspec.head.train import TrainConfig, train_head
 from test_greedy import PROMPTS
-from test_head import KEPT, N_VOCAB, tiny_prompts
+from test_head import KEPT, tiny_head_data
 from test_sampling import check_first_two_tokens
 
 
@@ -106,19 +105,9 @@ def test_padding_is_never_attended_to() -> None:
 
 @pytest.fixture(scope="module")
 def eagle_data(tmp_path_factory: pytest.TempPathFactory, tiny_target: str) -> dict[str, object]:
-    work = tmp_path_factory.mktemp("eagle")
-    with pyspec.Engine(tiny_target, n_ctx=512, n_threads=2) as engine:
-        make_training_data(engine, plan_sequences(tiny_prompts(60), (0.0, 1.0), 2), work / "data",
-                           DataConfig(max_tokens=48, chat=False))
-    seqs = list(iter_sequences(work / "data"))
-    train = [s for s in seqs if not is_held_out(s.prompt_id, 0.15)]
-    held = [s for s in seqs if is_held_out(s.prompt_id, 0.15)]
-    assert train and held
-    vocab = kept_vocabulary(train, KEPT, N_VOCAB)
-    weights = read_target(tiny_target, vocab)
-    column_of = np.full(N_VOCAB, -1)
-    column_of[vocab] = np.arange(len(vocab))
-    return {"work": work, "train": train, "held": held, "vocab": vocab, "weights": weights, "column_of": column_of}
+    data = tiny_head_data(tiny_target, tmp_path_factory.mktemp("eagle"))
+    assert data["train"] and data["held"]
+    return data
 
 
 def new_eagle(data: dict[str, object], attention: bool = True) -> EagleHead:

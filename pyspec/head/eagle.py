@@ -39,6 +39,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .model import register_vocabulary
+
 
 @dataclass(frozen=True)
 class EagleConfig:
@@ -80,22 +82,12 @@ class EagleHead(nn.Module):
     def __init__(self, config: EagleConfig, vocab: torch.Tensor, embedding: torch.Tensor,
                  output: torch.Tensor | None = None) -> None:
         super().__init__()
-        d, n_kept = config.n_embd, int(vocab.numel())
+        d = config.n_embd
         if config.attention and d % config.n_head:
             raise ValueError(f"n_head {config.n_head} must divide the width {d}")
-        if embedding.shape != (n_kept + 1, d):
-            raise ValueError(f"embedding must be [{n_kept + 1}, {d}] (kept tokens + 1), got {tuple(embedding.shape)}")
-        if output is not None and output.shape != (n_kept, d):
-            raise ValueError(f"output must be [{n_kept}, {d}], got {tuple(output.shape)}")
         self.config = config
-        self.register_buffer("vocab", vocab.to(torch.int64).clone())
-        row_of = torch.full((config.n_target_vocab,), n_kept, dtype=torch.int64)
-        row_of[self.vocab] = torch.arange(n_kept)
-        self.register_buffer("row_of", row_of)
-        self.register_buffer("embedding", embedding.to(torch.float32).clone())
+        register_vocabulary(self, config.n_target_vocab, vocab, embedding, output)
         self.output_tied = output is None
-        if output is not None:
-            self.register_buffer("output", output.to(torch.float32).clone())
         self.w_in = nn.Linear(2 * d, d, bias=False)
         if config.attention:
             self.attn_norm = RMSNorm(d, config.norm_eps)

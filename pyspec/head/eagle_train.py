@@ -23,6 +23,7 @@ from torch.nn import functional as F
 
 from .data import HeadSequence
 from .eagle import EagleHead
+from .train import DepthTally, teacher_rows
 
 
 @dataclass
@@ -84,13 +85,11 @@ def build_windows(sequences: Sequence[HeadSequence], column_of: np.ndarray, dept
         padded = np.concatenate([after, np.zeros(depth, dtype=after.dtype)])
         next_tokens.append(np.lib.stride_tricks.sliding_window_view(padded, depth)[:n_rows])
         seq_end.append(np.full(n_rows, base + n_rows, dtype=np.int64))
-        c = column_of[seq.top_ids]
-        p = np.where(c >= 0, seq.top_probs.astype(np.float32), 0.0)
-        p = p / np.maximum(p.sum(axis=1, keepdims=True), 1e-12)
+        c, p, t = teacher_rows(seq, column_of)
         hidden.append(seq.hidden)
-        cols.append(c.astype(np.int64))
-        probs.append(p.astype(np.float32))
-        top.append(c[:, 0].astype(np.int64))
+        cols.append(c)
+        probs.append(p)
+        top.append(t)
         for s in range(0, n_rows, w):
             starts.append(base + s)
             lengths.append(min(w, n_rows - s))
@@ -126,22 +125,11 @@ def window_loss(head: EagleHead, win: Windows, idx: np.ndarray, feature_weight: 
 def evaluate_windows(head: EagleHead, win: Windows, batch_size: int = 1) -> dict[str, object]:
     """Held-out loss, acc@k and chain@k over every anchor of `win`."""
     head.eval()
-    right = np.zeros(win.depth)
-    chain = np.zeros(win.depth)
-    counted = np.zeros(win.depth)
-    loss_sum, n_valid = 0.0, 0
+    tally = DepthTally(win.depth)
     for start in range(0, win.n, batch_size):
         idx = np.arange(start, min(start + batch_size, win.n))
         loss, argmax, exists = window_loss(head, win, idx, feature_weight=0.0)
-        e = exists.numpy()
         target = win.batch(idx)["target"].numpy()
-        hit = (argmax.numpy() == win.teacher_top[target]) & e
-        right += hit.sum((0, 1))
-        chain += np.cumprod(hit, axis=2).sum((0, 1))
-        counted += e.sum((0, 1))
-        loss_sum += float(loss) * int(e.sum())
-        n_valid += int(e.sum())
+        tally.add(argmax.numpy() == win.teacher_top[target], exists.numpy(), float(loss))
     head.train()
-    counted = np.maximum(counted, 1)
-    return {"loss": loss_sum / max(n_valid, 1), "acc": (right / counted).round(4).tolist(),
-            "chain": (chain / counted).round(4).tolist()}
+    return tally.result()

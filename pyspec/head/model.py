@@ -37,6 +37,25 @@ class HeadConfig:
     share_output: bool = True  # logits through the target's output rows (frozen) after a 2d -> d map
 
 
+def register_vocabulary(head: nn.Module, n_target_vocab: int, vocab: torch.Tensor, embedding: torch.Tensor,
+                        output: torch.Tensor | None = None) -> None:
+    """The buffers every head shares: `vocab` [V'] (kept target ids), `row_of` [n_target_vocab]
+    (target id -> embedding row; V' for any token outside the kept vocabulary), `embedding`
+    [V' + 1, d] and, when given, `output` [V', d]."""
+    n_kept, d = int(vocab.numel()), embedding.shape[-1]
+    if embedding.shape != (n_kept + 1, d):
+        raise ValueError(f"embedding must be [{n_kept + 1}, {d}] (kept tokens + 1), got {tuple(embedding.shape)}")
+    if output is not None and output.shape != (n_kept, d):
+        raise ValueError(f"output must be [{n_kept}, {d}], got {tuple(output.shape)}")
+    head.register_buffer("vocab", vocab.to(torch.int64).clone())
+    row_of = torch.full((n_target_vocab,), n_kept, dtype=torch.int64)
+    row_of[head.vocab] = torch.arange(n_kept)
+    head.register_buffer("row_of", row_of)
+    head.register_buffer("embedding", embedding.to(torch.float32).clone())
+    if output is not None:
+        head.register_buffer("output", output.to(torch.float32).clone())
+
+
 class RecurrentHead(nn.Module):
     """ReDrafter's draft head; see the module docstring.
 
@@ -50,15 +69,8 @@ class RecurrentHead(nn.Module):
                  output: torch.Tensor | None = None) -> None:
         super().__init__()
         d, n_kept = config.n_embd, int(vocab.numel())
-        if embedding.shape != (n_kept + 1, d):
-            raise ValueError(f"embedding must be [{n_kept + 1}, {d}] (kept tokens + 1), got {tuple(embedding.shape)}")
         self.config = config
-        self.register_buffer("vocab", vocab.to(torch.int64).clone())
-        # target id -> embedding row (n_kept: any token outside the kept vocabulary)
-        row_of = torch.full((config.n_target_vocab,), n_kept, dtype=torch.int64)
-        row_of[self.vocab] = torch.arange(n_kept)
-        self.register_buffer("row_of", row_of)
-        self.register_buffer("embedding", embedding.to(torch.float32).clone())
+        register_vocabulary(self, config.n_target_vocab, vocab, embedding)
         self.rnn_w = nn.Linear(d, d, bias=False)
         self.rnn_u = nn.Linear(d, d, bias=True)
         self.res = nn.ModuleList(nn.Linear(2 * d, 2 * d) for _ in range(config.n_res_layers))

@@ -111,6 +111,16 @@ class Examples:
         return int(self.rows.shape[0])
 
 
+def teacher_rows(seq: HeadSequence, column_of: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The target's distribution at every stored row of `seq` over the kept columns: columns
+    [n_rows, top_k] (-1: not kept), probabilities renormalised over the kept ones, and the
+    argmax's column [n_rows] (-1: not kept)."""
+    c = column_of[seq.top_ids]
+    p = np.where(c >= 0, seq.top_probs.astype(np.float32), 0.0)
+    p = p / np.maximum(p.sum(axis=1, keepdims=True), 1e-12)
+    return c.astype(np.int64), p.astype(np.float32), c[:, 0].astype(np.int64)
+
+
 def build_examples(sequences: Sequence[HeadSequence], column_of: np.ndarray, depth: int) -> Examples:
     hidden, tokens, rows, target_rows, cols, probs, top = [], [], [], [], [], [], []
     base = 0
@@ -124,13 +134,11 @@ def build_examples(sequences: Sequence[HeadSequence], column_of: np.ndarray, dep
             rows.append(base + r)
             tr = np.arange(r + 1, r + 1 + depth)
             target_rows.append(np.where(tr < n_rows, base + tr, -1))
-        c = column_of[seq.top_ids]
-        p = np.where(c >= 0, seq.top_probs.astype(np.float32), 0.0)
-        p = p / np.maximum(p.sum(axis=1, keepdims=True), 1e-12)
+        c, p, t = teacher_rows(seq, column_of)
         hidden.append(seq.hidden)
-        cols.append(c.astype(np.int64))
-        probs.append(p.astype(np.float32))
-        top.append(c[:, 0].astype(np.int64))
+        cols.append(c)
+        probs.append(p)
+        top.append(t)
         base += n_rows
     return Examples(hidden=np.concatenate(hidden), tokens=np.stack(tokens).astype(np.int64), rows=np.asarray(rows),
                     target_rows=np.stack(target_rows).astype(np.int64), teacher_cols=np.concatenate(cols),
@@ -154,30 +162,45 @@ def batch_loss(head: RecurrentHead, ex: Examples, idx: np.ndarray) -> tuple[torc
     return loss, logits.argmax(-1), valid
 
 
+class DepthTally:
+    """acc@k, chain@k and the mean loss, summed over evaluation batches."""
+
+    def __init__(self, depth: int) -> None:
+        self.right = np.zeros(depth)
+        self.chain = np.zeros(depth)
+        self.counted = np.zeros(depth)
+        self.loss_sum, self.n_valid = 0.0, 0
+
+    def add(self, hit: np.ndarray, valid: np.ndarray, loss: float = 0.0) -> None:
+        """hit, valid: [..., depth] booleans (hit: right at that depth; valid: the depth exists);
+        loss: the batch's mean loss over its valid entries."""
+        depth = self.right.shape[0]
+        hit = (hit & valid).reshape(-1, depth)
+        valid = valid.reshape(-1, depth)
+        self.right += hit.sum(0)
+        self.chain += np.cumprod(hit, axis=1).sum(0)
+        self.counted += valid.sum(0)
+        self.loss_sum += float(loss) * int(valid.sum())
+        self.n_valid += int(valid.sum())
+
+    def result(self) -> dict[str, object]:
+        counted = np.maximum(self.counted, 1)
+        return {"loss": self.loss_sum / max(self.n_valid, 1), "acc": (self.right / counted).round(4).tolist(),
+                "chain": (self.chain / counted).round(4).tolist()}
+
+
 @torch.no_grad()
 def evaluate(head: RecurrentHead, ex: Examples, batch_size: int = 256) -> dict[str, object]:
     """Held-out loss, acc@k and chain@k (see the module docstring)."""
     head.eval()
-    L = ex.tokens.shape[1]
-    right = np.zeros(L)
-    chain = np.zeros(L)
-    counted = np.zeros(L)
-    loss_sum, n_valid = 0.0, 0
+    tally = DepthTally(ex.tokens.shape[1])
     for start in range(0, ex.n, batch_size):
         idx = np.arange(start, min(start + batch_size, ex.n))
         loss, argmax, valid = batch_loss(head, ex, idx)
-        v = valid.numpy()
         tr = ex.target_rows[idx]
-        hit = (argmax.numpy() == ex.teacher_top[np.where(tr >= 0, tr, 0)]) & v
-        right += hit.sum(0)
-        chain += np.cumprod(hit, axis=1).sum(0)
-        counted += v.sum(0)
-        loss_sum += float(loss) * int(v.sum())
-        n_valid += int(v.sum())
+        tally.add(argmax.numpy() == ex.teacher_top[np.where(tr >= 0, tr, 0)], valid.numpy(), float(loss))
     head.train()
-    counted = np.maximum(counted, 1)
-    return {"loss": loss_sum / max(n_valid, 1), "acc": (right / counted).round(4).tolist(),
-            "chain": (chain / counted).round(4).tolist()}
+    return tally.result()
 
 
 def _training_settings(config: dict[str, object]) -> dict[str, object]:
