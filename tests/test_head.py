@@ -151,6 +151,15 @@ def test_bf16_training_learns_as_float32_does(head_files: dict[str, object]) -> 
     assert bf16["acc"][0] > f32["acc"][0] - 0.1, (f32, bf16)
 
 
+def assert_quantized_logits_close(logits: np.ndarray, ref: np.ndarray) -> None:
+    """q8_0 weights move logits by ~1e-2 relative; the top token may differ only at near-ties."""
+    scale = np.abs(ref).max()
+    assert np.abs(logits - ref).max() < 0.03 * scale
+    top2 = np.sort(ref, axis=1)[:, -2:]
+    flips = np.flatnonzero(logits.argmax(1) != ref.argmax(1))
+    assert all(top2[i, 1] - top2[i, 0] < 0.05 * scale for i in flips), flips
+
+
 @pytest.mark.parametrize("dtype,atol", [("f32", 1e-4), ("q8_0", None)])
 def test_engine_head_equals_pytorch_head(head_engine, head_files: dict[str, object], dtype: str, atol) -> None:
     """Golden logits: the same hidden states and tokens through the PyTorch head and the engine's
@@ -176,11 +185,7 @@ def test_engine_head_equals_pytorch_head(head_engine, head_files: dict[str, obje
             np.testing.assert_allclose(logits, ref, atol=atol)
             np.testing.assert_allclose(state, t_state.numpy(), atol=atol)
         else:
-            scale = np.abs(ref).max()
-            assert np.abs(logits - ref).max() < 0.03 * scale
-            top2 = np.sort(ref, axis=1)[:, -2:]
-            flips = np.flatnonzero(logits.argmax(1) != ref.argmax(1))
-            assert all(top2[i, 1] - top2[i, 0] < 0.05 * scale for i in flips), flips
+            assert_quantized_logits_close(logits, ref)
             state = t_state.numpy().astype(np.float32)  # keep the q8_0 run on the reference path
 
 
