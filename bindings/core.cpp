@@ -368,7 +368,10 @@ NB_MODULE(_core, m) {
         .def_rw("trace_top_k", &spec::GenerateParams::trace_top_k)
         .def_rw("return_logits", &spec::GenerateParams::return_logits)
         .def_rw("logprobs", &spec::GenerateParams::logprobs)
-        .def_rw("seed", &spec::GenerateParams::seed);
+        .def_rw("seed", &spec::GenerateParams::seed)
+        .def_rw("grammar", &spec::GenerateParams::grammar)
+        .def_rw("grammar_root", &spec::GenerateParams::grammar_root)
+        .def_rw("grammar_drafts", &spec::GenerateParams::grammar_drafts);
 
     nb::class_<spec::Stats>(m, "Stats")
         .def_ro("n_prompt_tokens", &spec::Stats::n_prompt_tokens)

@@ -12,6 +12,7 @@ import numpy as np
 
 from . import _core
 from .errors import InvalidArgumentError
+from .grammar import json_schema_grammar
 
 # The engine's drafting methods, from its registration table (engine/src/drafter_registry.cpp).
 METHODS = tuple(name for name, _, _ in _core.drafter_methods())
@@ -37,10 +38,10 @@ SERVER_TEMPERATURE = 1.0
 _INT32_RANGE = (-(2**31), 2**31 - 1)
 _UINT64_RANGE = (0, 2**64 - 1)
 _BOOL_FIELDS = {"auto_draft_model", "auto_head", "auto_corpus", "auto_adapt_costs", "lookup_unit_ends", "lookup_substitutions", "lookup_resync", "lookup_loose_substitutions", "lookup_fences", "pool", "harvest_prompt", "harvest_generated", "harvest_verification",
-                "return_logits"}
+                "return_logits", "grammar_drafts"}
 _FLOAT_FIELDS = {"temperature", "top_p", "min_p", "typical_epsilon", "typical_delta"}
-_STR_FIELDS = {"draft", "acceptance"}
-_OPTIONAL_STR_FIELDS = {"method"}
+_STR_FIELDS = {"draft", "acceptance", "grammar_root"}
+_OPTIONAL_STR_FIELDS = {"method", "grammar"}
 _OPTIONAL_INT_FIELDS = {"n_draft", "seed", "logprobs"}
 
 
@@ -64,6 +65,10 @@ def _check_str(name: str, value: Any) -> None:
 
 
 def _check_field(name: str, value: Any) -> None:
+    if name == "json_schema":
+        if value is not None and not isinstance(value, (dict, str)):
+            raise TypeError(f"GenerationConfig.json_schema must be a dict, a str of JSON or None, got {_describe(value)}")
+        return
     if value is None and (name in _OPTIONAL_STR_FIELDS or name in _OPTIONAL_INT_FIELDS or name == "stop"):
         return
     if name in _BOOL_FIELDS:
@@ -146,6 +151,14 @@ class GenerationConfig:
     token's log-probability under the target's own distribution (log softmax of the row it was
     chosen from at temperature 1, before top_k / top_p / min_p) and the k likeliest tokens of
     that row with theirs.
+
+    Constrained output (docs/constrained-output.md): grammar, a GBNF grammar (start rule
+    grammar_root), or json_schema, a JSON schema (dict or JSON text; {"type": "object"} for any
+    JSON object), not both. The output follows it: the target's distribution is restricted to
+    the tokens it allows, and every method reproduces constrained plain decoding exactly
+    (logprobs and return_logits still report the unconstrained rows). grammar_drafts: a step
+    whose drafter proposes nothing drafts the text the grammar forces (a schema's keys and
+    punctuation) instead.
     """
 
     max_tokens: int = 256
@@ -193,6 +206,10 @@ class GenerationConfig:
     trace_top_k: int = 32
     return_logits: bool = False
     logprobs: int | None = None
+    grammar: str | None = None
+    grammar_root: str = "root"
+    json_schema: dict[str, Any] | str | None = None
+    grammar_drafts: bool = True
 
     def __post_init__(self) -> None:
         """Checks every field's type (and that integers fit the engine's 32-bit fields); the
@@ -259,4 +276,12 @@ class GenerationConfig:
         p.trace_top_k = int(self.trace_top_k)
         p.return_logits = bool(self.return_logits)
         p.logprobs = -1 if self.logprobs is None else int(self.logprobs)
+        if self.grammar is not None and self.json_schema is not None:
+            raise InvalidArgumentError("give grammar or json_schema, not both")
+        if self.json_schema is not None:
+            p.grammar = json_schema_grammar(self.json_schema)
+        elif self.grammar is not None:
+            p.grammar = self.grammar
+        p.grammar_root = "root" if self.json_schema is not None else self.grammar_root
+        p.grammar_drafts = bool(self.grammar_drafts)
         return p

@@ -243,3 +243,113 @@ def test_qwen_coder_fim_and_its_jinja_template(tmp_path: Path) -> None:
         expected = engine.generate(pre + ids[0] + suf + ids[1] + mid, max_tokens=12, method="none")
     assert len(pre) == len(suf) == len(mid) == 1
     assert r.choices[0].text == expected.text
+
+
+JSON_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "count"],
+               "properties": {"name": {"type": "string", "maxLength": 10}, "count": {"type": "integer", "maximum": 99}}}
+
+
+def test_response_format_json_schema_and_json_object(client: openai.OpenAI, reference: pyspec.Engine) -> None:
+    import json
+
+    expected = reference.generate(MESSAGES, max_tokens=80, method="none", json_schema=JSON_SCHEMA)
+    assert expected.finish_reason == "stop", expected.text
+    for extra in ({}, {"method": "lookup"}):
+        r = client.chat.completions.create(
+            model="tiny", messages=MESSAGES, max_tokens=80, **GREEDY, extra_body=extra,
+            response_format={"type": "json_schema", "json_schema": {"name": "item", "schema": JSON_SCHEMA, "strict": True}})
+        assert r.choices[0].message.content == expected.text and r.choices[0].finish_reason == "stop"
+    doc = json.loads(expected.text)
+    assert set(doc) == {"name", "count"} and isinstance(doc["count"], int) and len(doc["name"]) <= 10, doc
+    r = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=40, **GREEDY,
+                                       response_format={"type": "json_object"})
+    text = r.choices[0].message.content
+    assert text.startswith("{") and (r.choices[0].finish_reason == "length" or isinstance(json.loads(text), dict)), text
+    r = client.completions.create(model="tiny", prompt="A record:", max_tokens=80, **GREEDY,
+                                  extra_body={"response_format": {"type": "json_object", "schema": JSON_SCHEMA}})
+    assert set(json.loads(r.choices[0].text)) == {"name", "count"}
+
+
+def test_grammar_field_and_bad_constraints(client: openai.OpenAI, reference: pyspec.Engine) -> None:
+    grammar = 'root ::= "yes" | "no"'
+    expected = reference.generate(MESSAGES, max_tokens=8, method="none", grammar=grammar).text
+    r = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=8, **GREEDY,
+                                       extra_body={"grammar": grammar})
+    assert r.choices[0].message.content == expected and expected in ("yes", "no")
+    bad = [({"response_format": {"type": "xml"}}, "response_format"),
+           ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "json_schema.schema"),
+           ({"grammar": "root ::= ("}, "grammar could not be parsed"),
+           ({"grammar": grammar, "response_format": {"type": "json_object"}}, "not both")]
+    for body, words in bad:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=8, extra_body=body)
+        assert words in str(e.value.body), (body, e.value.body)
+
+
+WEATHER_TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "The current weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+                       "required": ["city"], "additionalProperties": False}}},
+    {"type": "function", "function": {
+        "name": "to_fahrenheit", "description": "Converts degrees Celsius to Fahrenheit.",
+        "parameters": {"type": "object", "properties": {"celsius": {"type": "number"}},
+                       "required": ["celsius"], "additionalProperties": False}}},
+]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_required_tool_choice_returns_well_formed_calls(client: openai.OpenAI, stream: bool) -> None:
+    """A template without tools (the tiny model's chatml) gets them as a system message; a named
+    tool_choice constrains the output to calls of that function with schema-valid arguments."""
+    import json
+
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    request = dict(model="tiny", messages=MESSAGES, max_tokens=200, tools=WEATHER_TOOLS, tool_choice=choice,
+                   parallel_tool_calls=False, **GREEDY)
+    if stream:
+        chunks = list(client.chat.completions.create(stream=True, **request))
+        calls = [c for ch in chunks for c in (ch.choices[0].delta.tool_calls or []) if ch.choices]
+        content = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+        finish = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+        assert content == "" and finish == ["tool_calls"], (content, finish)
+        functions = [c.function for c in calls]
+    else:
+        r = client.chat.completions.create(**request)
+        assert r.choices[0].finish_reason == "tool_calls" and not r.choices[0].message.content
+        functions = [c.function for c in r.choices[0].message.tool_calls]
+        assert all(c.id.startswith("call_") and c.type == "function" for c in r.choices[0].message.tool_calls)
+    assert len(functions) == 1 and functions[0].name == "get_weather"
+    for f in functions:
+        args = json.loads(f.arguments)
+        assert set(args) == {"city"} and isinstance(args["city"], str) and len(args["city"]) <= 20, args
+
+
+def test_bad_tools_are_refused_by_name(client: openai.OpenAI) -> None:
+    bad = [({"tools": [{"type": "function", "function": {"description": "no name"}}]}, "tools.0"),
+           ({"tools": WEATHER_TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+           ({"tools": WEATHER_TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
+           ({"tools": WEATHER_TOOLS + WEATHER_TOOLS[:1]}, "tools"),
+           ({"tools": WEATHER_TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
+            "tool_choice")]
+    for body, param in bad:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=8, extra_body=body)
+        assert e.value.body["param"] == param, (body, e.value.body)
+
+
+def test_tool_turns_reach_a_template_without_tools_as_text(server: ServerProcess) -> None:
+    """An agent's second request (its call and the tool's result) renders on a template that
+    knows nothing of tools: the call and the result are written out in the call format."""
+    from pyspec.server.templates import ChatTemplate  # noqa: F401  (the module the server uses)
+
+    history = MESSAGES + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "4 degrees, rain"}]
+    r = httpx.post(server.base_url + "/v1/chat/completions", timeout=60,
+                   json={"model": "tiny", "messages": history, "max_tokens": 4, "tools": WEATHER_TOOLS, **GREEDY})
+    assert r.status_code == 200, r.text
+    prompt = httpx.post(server.base_url + "/apply-template", json={"messages": history}).json()["prompt"]
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>' in prompt
+    assert "<tool_response>\n4 degrees, rain\n</tool_response>" in prompt

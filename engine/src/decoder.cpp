@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <exception>
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -9,6 +10,7 @@
 
 #include "spec/drafter_registry.h"
 #include "spec/error.h"
+#include "spec/grammar.h"
 #include "spec/log.h"
 #include "spec/text_stream.h"
 #include "spec/tree.h"
@@ -65,6 +67,12 @@ struct Request {
     std::vector<float> hidden;
     std::vector<int32_t> top_ids;     // [k] log-probabilities of one token's row
     std::vector<float> top_values;    // [k]
+    // A request with a grammar: the state after the committed tokens, and this step's rows.
+    std::unique_ptr<Grammar> grammar;
+    StepGrammar step_grammar;
+    std::unique_ptr<ForcedText> forced;  // drafts of the text the grammar forces (grammar_drafts)
+    bool grammar_draft = false;          // this step's draft came from `forced`, not the drafter
+    std::vector<float> masked;        // [n_vocab] a row's logits after the grammar's mask
 
     Request(const GenerateParams& p, Model& t, Drafter* d, Rng& r)
         : params(p), target(t), drafter(d), rng(r), text(p.stop) {}
@@ -107,7 +115,13 @@ TreeVerdict verify_step(Request& req) {
         req.target_argmax.assign(size_t(n + 1), -1);
         const auto target_token = [&req, n_vocab](int32_t r) {
             int32_t& token = req.target_argmax[size_t(r)];
-            if (token < 0) token = argmax(req.target.logits(r), n_vocab);
+            if (token >= 0) return token;
+            if (!req.grammar) {
+                token = argmax(req.target.logits(r), n_vocab);
+            } else {
+                token = req.step_grammar.row(r).argmax(req.target.logits(r), n_vocab);
+                if (token < 0) throw InvalidArgumentError("the grammar allows no token after the output so far");
+            }
             return token;
         };
         const TreeVerdict verdict = verify_tree_greedy(req.draft.tokens, req.parents, target_token);
@@ -123,7 +137,16 @@ TreeVerdict verify_step(Request& req) {
     const TargetRowFn target_row = [&req, n_vocab, &params](int32_t r) -> const float* {
         std::vector<float>& row = req.row_probs[size_t(r)];
         if (!req.row_ready[size_t(r)]) {
-            compute_probs(req.target.logits(r), n_vocab, params.sampling, row, req.scratch);
+            const float* logits = req.target.logits(r);
+            if (req.grammar) {
+                req.masked.assign(logits, logits + n_vocab);
+                req.step_grammar.row(r).mask(req.masked.data(), n_vocab);
+                if (!std::isfinite(req.masked[size_t(argmax(req.masked.data(), n_vocab))])) {
+                    throw InvalidArgumentError("the grammar allows no token after the output so far");
+                }
+                logits = req.masked.data();
+            }
+            compute_probs(logits, n_vocab, params.sampling, row, req.scratch);
             req.row_ready[size_t(r)] = 1;
         }
         return row.data();
@@ -772,6 +795,16 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
     stats.accept_histogram.assign(size_t(shape.depth + 1), 0);
     req.result.prompt_tokens = prompt;
     req.result.n_top_logprobs = std::min(std::max(params.logprobs, 0), target_->n_vocab());
+    if (!params.grammar.empty()) {
+        req.grammar = std::make_unique<Grammar>(target_->vocab(), params.grammar, params.grammar_root);
+        if (drafter && params.grammar_drafts) {
+            {
+                std::lock_guard<std::mutex> lock(drafts_mutex_);
+                if (!forced_chars_) forced_chars_ = std::make_unique<ForcedChars>(*target_);
+            }
+            req.forced = std::make_unique<ForcedText>(*target_, *forced_chars_);
+        }
+    }
     prefill(req, prompt);
     stats.t_prefill_ms = ms_since(t_start);
     // Hidden states after the prompt (llama.cpp would otherwise output every prompt row), and
@@ -803,6 +836,16 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
         auto t0 = Clock::now();
         req.draft.clear();
         if (drafter && dreq.n_draft_max > 0 && dreq.n_nodes_max > 0) drafter->draft(dreq, req.draft);
+        req.grammar_draft = false;
+        if (req.grammar) {
+            req.step_grammar.prune(*req.grammar, req.draft);
+            if (req.forced && req.draft.tokens.empty() && dreq.n_draft_max > 0) {
+                const std::string& text = req.text.text();
+                req.forced->draft(*req.grammar, text.empty() ? '\0' : text.back(), dreq.n_draft_max, req.draft);
+                req.grammar_draft = !req.draft.tokens.empty();
+                if (req.grammar_draft) req.step_grammar.prune(*req.grammar, req.draft);
+            }
+        }
         stats.t_draft_ms += ms_since(t0);
 
         t0 = Clock::now();
@@ -819,7 +862,9 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
         }
         req.result.step_ms.push_back(float(step_ms));
         req.result.step_sizes.push_back(step_size);
-        if (drafter && params.sampling.greedy() && !req.draft.tokens.empty()) drafter->observe_target(req.draft.tokens, req.parents, req.target_argmax);
+        if (drafter && params.sampling.greedy() && !req.draft.tokens.empty() && !req.grammar_draft) {
+            drafter->observe_target(req.draft.tokens, req.parents, req.target_argmax);
+        }
         stats.t_verify_ms += ms_since(t0);
 
         t0 = Clock::now();
@@ -841,11 +886,17 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
         stats.n_accepted += n_used;
         ++stats.accept_histogram[size_t(std::min(n_used, shape.depth))];
         if (running) running = commit_token(req, verdict.next_token, req.target.logits(row), on_text);
+        if (running && req.grammar) {
+            auto next = std::make_unique<Grammar>(req.step_grammar.row(row));
+            next->accept(verdict.next_token);
+            req.grammar = std::move(next);
+        }
         if (running && uses_head) {
             const float* h = req.target.hidden(row);
             req.hidden.assign(h, h + req.target.n_hidden());
         }
-        if (drafter && running) drafter->accept(req.committed, n_accepted);
+        // A grammar draft replaced an empty one: the drafter's own draft had nothing to accept.
+        if (drafter && running) drafter->accept(req.committed, req.grammar_draft ? 0 : n_accepted);
         stats.t_other_ms += ms_since(t0);
     }
 

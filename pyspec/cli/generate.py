@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from ..config import METHODS, GenerationConfig
@@ -12,10 +13,25 @@ from .options import (add_engine_options, add_generation_options, add_ngram_opti
                       read_prompt, stats_file_path)
 
 
+def _constraint(args: argparse.Namespace) -> dict[str, Any]:
+    """GenerationConfig's grammar / json_schema from --grammar / --json-schema (files)."""
+    if args.grammar and args.json_schema:
+        raise SystemExit("pyspec generate: give --grammar or --json-schema, not both")
+    try:
+        if args.grammar:
+            return {"grammar": Path(args.grammar).read_text(encoding="utf-8")}
+        if args.json_schema:
+            return {"json_schema": Path(args.json_schema).read_text(encoding="utf-8")}
+    except OSError as exc:
+        raise SystemExit(f"pyspec generate: cannot read {exc.filename}: {exc.strerror}") from None
+    return {}
+
+
 def _cmd_generate(args: argparse.Namespace) -> int:
     from ..engine import Engine
 
     prompt_text = read_prompt(args)
+    constraint = _constraint(args)
     with Engine(args.target, draft=args.draft, n_ctx=args.n_ctx, n_threads=args.threads,
                 n_gpu_layers=args.n_gpu_layers, head=args.head, ngram=args.ngram, **engine_options(args)) as engine:
         stats_path = stats_file_path(args, engine)
@@ -29,7 +45,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             acceptance=args.acceptance, typical_epsilon=args.typical_epsilon, typical_delta=args.typical_delta,
             auto_max_depth=args.auto_max_depth, auto_max_nodes=args.auto_max_nodes,
             auto_max_gamma=args.auto_max_gamma, auto_draft_model=not args.auto_no_draft_model,
-            auto_head=not args.auto_no_head,
+            auto_head=not args.auto_no_head, **constraint,
         )
         if args.json:
             result = engine.generate(prompt, **kwargs)
@@ -99,6 +115,8 @@ def register(sub: Any) -> None:
                      help=f"lookup, auto: longest n-gram matched against earlier text (default {d.lookup_ngram_max})")
     gen.add_argument("--lookup-ngram-min", type=int, default=d.lookup_ngram_min,
                      help=f"lookup, auto: shortest n-gram tried before proposing nothing (default {d.lookup_ngram_min})")
+    gen.add_argument("--grammar", metavar="FILE", help="a GBNF grammar file the output must follow (start rule root)")
+    gen.add_argument("--json-schema", metavar="FILE", help="a JSON schema file the output must follow")
     gen.add_argument("--json", action="store_true", help="print one JSON object with text, tokens, finish_reason, stats")
     add_generation_options(gen)
     add_engine_options(gen)

@@ -25,6 +25,7 @@ from ..config import SERVER_TEMPERATURE, GenerationConfig
 from ..engine import Engine
 from ..errors import InvalidArgumentError
 from ..results import GenerationResult
+from . import tools
 from .guards import ApiKeyGuard, BodyLimit
 from .keepers import PoolKeeper, StatsKeeper
 from .metrics import ServerMetrics
@@ -279,14 +280,21 @@ def _add_routes(app: FastAPI) -> None:
         state = _state(request)
         _check_request(state, body, body.check_supported(state.settings.strict))
         messages = body.messages_for_template()
+        tool_plan = tools.plan(body.tools, body.tool_choice, body.parallel_tool_calls)
 
         def prepare() -> list[int]:
-            rendered = state.template.render(messages, kwargs=body.chat_template_kwargs)
+            rendered = state.template.render(messages, kwargs=body.chat_template_kwargs, tools=tool_plan)
             return state.template.tokens(rendered.text)
 
         tokens = await _off_loop(prepare, "messages")
         config = _config(state, body, tokens, body.engine_logprobs(), "messages")
-        return await serve(request, state, _reply(state, body, "chat"), tokens, config)
+        grammar = await _off_loop(tool_plan.grammar, "tools") if tool_plan is not None else None
+        if grammar is not None:
+            if config.grammar is not None or config.json_schema is not None:
+                raise OpenAIError(400, f"tool_choice {body.tool_choice!r} constrains the output to tool calls: give "
+                                       f"no response_format, grammar or json_schema with it", param="tool_choice")
+            config = config.replace(grammar=grammar, grammar_root="root")
+        return await serve(request, state, _reply(state, body, "chat", tool_plan), tokens, config)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
@@ -388,9 +396,9 @@ def _check_request(state: ServerState, body: Any, unknown: list[str]) -> None:
                     "refuses them)", ", ".join(new))
 
 
-def _reply(state: ServerState, body: Any, endpoint: str) -> Reply:
+def _reply(state: ServerState, body: Any, endpoint: str, tool_plan: tools.ToolPlan | None = None) -> Reply:
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return Reply(endpoint, state.model_name, body.stream, include_usage)
+    return Reply(endpoint, state.model_name, body.stream, include_usage, tool_plan)
 
 
 def _config(state: ServerState, body: Any, tokens: list[int], logprobs: int | None, prompt_param: str

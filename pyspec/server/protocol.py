@@ -12,11 +12,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..config import GenerationConfig
 from ..engine import message_text  # a pure function: content parts to text
 from ..errors import InvalidArgumentError
+from ..grammar import ANY_JSON_OBJECT
 from ..results import GenerationResult, TokenLogprobs
 
-# Per-request speculative settings accepted as extra body fields (the openai client's
-# `extra_body`): GenerationConfig fields that have no OpenAI counterpart.
+# Per-request settings accepted as extra body fields (the openai client's `extra_body`):
+# GenerationConfig fields that have no OpenAI counterpart (the speculative settings, and a GBNF
+# grammar or JSON schema the output must follow).
 SPECULATIVE_FIELDS = (
+    "grammar", "grammar_root", "json_schema",
     "method", "draft", "n_draft", "top_k", "min_p",
     "auto_max_depth", "auto_max_nodes", "auto_max_gamma", "auto_draft_model", "auto_head", "auto_corpus",
     "auto_corpus_max_depth", "auto_corpus_min_total", "auto_adapt_costs",
@@ -49,6 +52,29 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class ResponseFormat(BaseModel):
+    """{"type": "text" | "json_object" | "json_schema"}: json_schema carries {"name", "schema",
+    "strict"} (OpenAI); json_object may carry a "schema" (llama-cpp-python's form)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    json_schema: dict[str, Any] | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+
+    def schema_for_output(self) -> dict[str, Any] | None:
+        """The JSON schema the output must follow; None for text."""
+        if self.type == "json_object":
+            return self.schema_ if self.schema_ is not None else ANY_JSON_OBJECT
+        if self.type == "json_schema":
+            spec = self.json_schema or {}
+            schema = spec.get("schema")
+            if not isinstance(schema, dict):
+                raise OpenAIError(400, "response_format json_schema needs json_schema.schema, a JSON schema object",
+                                  param="response_format")
+            return schema
+        return None
+
+
 class _SamplingRequest(BaseModel):
     """Fields the chat and completion endpoints share. Extra fields are kept for the
     speculative settings (SPECULATIVE_FIELDS); other unknown fields are ignored (clients send
@@ -71,6 +97,7 @@ class _SamplingRequest(BaseModel):
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    response_format: ResponseFormat | None = None
 
     def check_supported(self, strict: bool = False) -> list[str]:
         """Raises OpenAIError (400) for what is valid OpenAI but not served here. Returns the
@@ -95,7 +122,7 @@ class _SamplingRequest(BaseModel):
     @staticmethod
     def _ignored_fields() -> tuple[str, ...]:
         # OpenAI fields that change nothing here (bookkeeping on OpenAI's side).
-        return ("store", "metadata", "service_tier", "parallel_tool_calls", "modalities", "prediction")
+        return ("store", "metadata", "service_tier", "modalities", "prediction")
 
     def generation_config(self, defaults: GenerationConfig, max_tokens: int, logprobs: int | None) -> GenerationConfig:
         """The engine settings: the server's defaults, then this request's fields."""
@@ -111,6 +138,12 @@ class _SamplingRequest(BaseModel):
         for name, value in (self.model_extra or {}).items():
             if name in SPECULATIVE_FIELDS:
                 options[name] = value
+        schema = self.response_format.schema_for_output() if self.response_format is not None else None
+        if schema is not None:
+            if "grammar" in options or "json_schema" in options:
+                raise OpenAIError(400, "give response_format or a grammar / json_schema field, not both",
+                                  param="response_format")
+            options["json_schema"] = schema
         try:
             config = defaults.replace(**options)
             config.to_core()  # every value checked here, before the request waits in the queue
@@ -126,11 +159,6 @@ class ChatMessage(BaseModel):
     content: Union[str, list[dict[str, Any]], None] = None
 
 
-class ResponseFormat(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    type: str = "text"
-
-
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
@@ -138,18 +166,13 @@ class ChatCompletionRequest(_SamplingRequest):
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
-    response_format: ResponseFormat | None = None
+    parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # extra variables for the Jinja chat template
 
     def check_supported(self, strict: bool = False) -> list[str]:
         unknown = super().check_supported(strict)
         if self.top_logprobs is not None and not self.logprobs:
             raise OpenAIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
-        if self.tools:
-            raise OpenAIError(400, "tools are not supported by this server", param="tools")
-        if self.response_format is not None and self.response_format.type != "text":
-            raise OpenAIError(400, f"response_format {self.response_format.type!r} is not supported (only 'text')",
-                              param="response_format")
         return unknown
 
     def engine_logprobs(self) -> int | None:

@@ -23,6 +23,7 @@ from ..results import StreamChunk
 from . import protocol
 from .protocol import OpenAIError
 from .queue import STREAM_END, Job, JobCancelled, QueueClosed, QueueFull
+from .tools import ContentFilter, ToolPlan, parse_calls
 
 if TYPE_CHECKING:
     from .app import ServerState
@@ -60,6 +61,7 @@ class Reply:
     model: str
     stream: bool
     include_usage: bool
+    tools: ToolPlan | None = None  # chat with tools: calls are parsed out of the output
 
 
 async def serve(request: Request, state: "ServerState", reply: Reply, tokens: list[int],
@@ -119,8 +121,17 @@ async def serve(request: Request, state: "ServerState", reply: Reply, tokens: li
         state.metrics.count_request(endpoint, "error")
         return error_response(SHUTTING_DOWN)
     state.metrics.count_request(endpoint, "ok")
-    build = protocol.chat_response if endpoint == "chat" else protocol.completion_response
-    return JSONResponse(build(result, reply.model, state.engine.token_bytes))
+    if endpoint != "chat":
+        return JSONResponse(protocol.completion_response(result, reply.model, state.engine.token_bytes))
+    body = protocol.chat_response(result, reply.model, state.engine.token_bytes)
+    if reply.tools is not None:
+        content, calls = parse_calls(result.text, reply.tools)
+        if calls:
+            choice = body["choices"][0]
+            choice["message"].update(content=content, tool_calls=[c.wire() for c in calls])
+            if choice["finish_reason"] == "stop":
+                choice["finish_reason"] = "tool_calls"
+    return JSONResponse(body)
 
 
 async def _wait_for_disconnect(request: Request, job: Job) -> None:
@@ -169,6 +180,16 @@ async def _stream(state: "ServerState", reply: Reply, job: Job, first: Any, watc
         n_text += len(item.text)
         return chunk(choice)
 
+    calls_filter = ContentFilter() if chat and reply.tools is not None else None
+    n_content = 0  # characters of content streamed (tools: the part before the calls)
+
+    def content_piece(item: StreamChunk) -> StreamChunk:
+        nonlocal n_content
+        if calls_filter is not None:
+            item = StreamChunk(calls_filter.feed(item.text), item.tokens, item.logprobs)
+        n_content += len(item.text)
+        return item
+
     outcome = "cancelled"
     assert job.chunks is not None
     try:
@@ -184,6 +205,7 @@ async def _stream(state: "ServerState", reply: Reply, job: Job, first: Any, watc
             first = first.result()
         item = first
         while item is not STREAM_END:
+            item = content_piece(item)
             if item.text or item.logprobs is not None:
                 yield _sse(piece(item))
             item = await job.chunks.get()
@@ -202,7 +224,17 @@ async def _stream(state: "ServerState", reply: Reply, job: Job, first: Any, watc
                 yield _sse(SHUTTING_DOWN.body())
                 yield "data: [DONE]\n\n"
             return
-        final = {"index": 0, "finish_reason": result.finish_reason, "logprobs": None}
+        finish_reason = result.finish_reason
+        if calls_filter is not None:
+            content, calls = parse_calls(result.text, reply.tools) if calls_filter.in_call else (None, [])
+            if calls:
+                yield _sse(chunk({"index": 0, "delta": {"tool_calls": [c.wire(i) for i, c in enumerate(calls)]},
+                                  "logprobs": None, "finish_reason": None}))
+                finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
+            elif len(result.text) > n_content:  # no call after all: the held-back text is content
+                yield _sse(chunk({"index": 0, "delta": {"content": result.text[n_content:]}, "logprobs": None,
+                                  "finish_reason": None}))
+        final = {"index": 0, "finish_reason": finish_reason, "logprobs": None}
         final.update({"delta": {}} if chat else {"text": ""})
         body = chunk(final)
         body["pyspec"] = protocol.speculation_summary(result)

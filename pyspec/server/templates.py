@@ -17,6 +17,7 @@ from typing import Any
 from .. import _core
 from ..engine import Engine
 from ..errors import InvalidArgumentError
+from .tools import ToolPlan, plain_messages, template_messages
 
 log = logging.getLogger("pyspec.server")
 
@@ -47,6 +48,7 @@ class ChatTemplate:
         self.engine = engine
         self.builtin_name: str | None = None  # the llama.cpp template used for the fallback (None: the model's)
         self._jinja: Any = None
+        self.renders_tools = False  # the Jinja template reads `tools` (else tools go in a system message)
         self.description = ""
         text: str | None
         if override is not None:
@@ -54,6 +56,7 @@ class ChatTemplate:
             if path.is_file():
                 text = path.read_text(encoding="utf-8")
                 self._jinja = _compile(text)  # a broken file is the operator's error: fail the start
+                self.renders_tools = "tools" in text
                 self.description = f"Jinja template from {path}"
             elif override in builtin_template_names():
                 self.builtin_name = override
@@ -68,6 +71,7 @@ class ChatTemplate:
             else:
                 try:
                     self._jinja = _compile(text)
+                    self.renders_tools = "tools" in text
                     self.description = "the model's Jinja template (tokenizer.chat_template)"
                 except Exception as exc:  # noqa: BLE001 - any compile failure means: use the fallback
                     log.warning("the model's chat template does not compile with Jinja2 (%s); llama.cpp's built-in "
@@ -83,18 +87,25 @@ class ChatTemplate:
         return self.engine.detokenize([token], special=True) if token >= 0 else ""
 
     def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
-               kwargs: dict[str, Any] | None = None) -> RenderedPrompt:
+               kwargs: dict[str, Any] | None = None, tools: ToolPlan | None = None) -> RenderedPrompt:
         """The prompt text for `messages` (dicts with role, content as text, and any other fields
-        the client sent: name, tool_calls, ...). Raises TemplateError when neither the Jinja
-        template nor llama.cpp's formatter can format them."""
+        the client sent: name, tool_calls, ...) and the request's tools (a template that does not
+        render tools gets them, and earlier calls and results, as text). Raises TemplateError when
+        neither the Jinja template nor llama.cpp's formatter can format them."""
         jinja_error: Exception | None = None
         if self._jinja is not None:
             context = dict(kwargs or {})
             for name in _RESERVED:
                 context.pop(name, None)
+            if self.renders_tools:
+                jinja_messages = template_messages(messages)
+                if tools is not None:
+                    context["tools"] = list(tools.tools)
+            else:
+                jinja_messages = plain_messages(messages, tools) if tools or _has_tool_turns(messages) else messages
             context.setdefault("tools", None)
             try:
-                text = self._jinja.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                text = self._jinja.render(messages=jinja_messages, add_generation_prompt=add_generation_prompt,
                                           bos_token=self.bos_token, eos_token=self.eos_token, **context)
                 return RenderedPrompt(text, "jinja")
             except Exception as exc:  # noqa: BLE001 - the template's own errors included (raise_exception)
@@ -104,7 +115,7 @@ class ChatTemplate:
                     log.warning("the chat template failed to render (%s: %s); llama.cpp's built-in formatter is "
                                 "used for such requests", type(exc).__name__, exc)
         try:
-            pairs = [{"role": m["role"], "content": m.get("content") or ""} for m in messages]
+            pairs = plain_messages(messages, tools)
             text = self.engine.apply_chat_template(pairs, add_generation_prompt=add_generation_prompt,
                                                    template=self.builtin_name)
         except InvalidArgumentError as exc:
@@ -119,6 +130,10 @@ class ChatTemplate:
         a second one from the tokenizer."""
         add_special = not (self.add_bos and self.bos_token and text.startswith(self.bos_token))
         return self.engine.tokenize(text, add_special=add_special)
+
+
+def _has_tool_turns(messages: list[dict[str, Any]]) -> bool:
+    return any(m.get("role") == "tool" or m.get("tool_calls") for m in messages)
 
 
 def _compile(text: str) -> Any:

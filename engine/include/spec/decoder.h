@@ -16,6 +16,7 @@
 #include "spec/draft_head.h"
 #include "spec/cost_model.h"
 #include "spec/drafter.h"
+#include "spec/grammar.h"
 #include "spec/model.h"
 #include "spec/ngram_table.h"
 #include "spec/phrase_pool.h"
@@ -51,6 +52,14 @@ struct GenerateParams {
     // and those of the k likeliest tokens of the same target row (GenerateResult::token_logprobs).
     int32_t logprobs = -1;
     std::optional<uint64_t> seed;  // this request's own random stream (the engine's stays as it is)
+    // A GBNF grammar the output must follow (empty: none), from rule grammar_root. The target's
+    // rows are masked to what the grammar allows, drafts are cut at the first token it forbids:
+    // greedy output equals constrained plain decoding, sampled output the masked distribution.
+    std::string grammar;
+    std::string grammar_root = "root";
+    // With a grammar and a method that drafts: a step whose drafter proposes nothing drafts the
+    // text the grammar forces (spec/grammar.h, ForcedText) instead.
+    bool grammar_drafts = true;
 };
 
 struct Stats {
@@ -310,6 +319,7 @@ private:
     std::shared_ptr<Model> target_;
     std::vector<int32_t> control_tokens_;  // the target's (Model::control_tokens)
     std::vector<int32_t> blank_line_tokens_, unit_start_tokens_, fence_tokens_;  // the target's (Model::layout_tokens)
+    std::unique_ptr<ForcedChars> forced_chars_;  // the target's, built by the first request with grammar drafts
     // Slot bookkeeping and the target_ / pool_ handles are guarded by drafts_mutex_, so
     // has_draft / draft_version / draft_names / pool() / shared_target() may run on any thread;
     // the models themselves are only replaced between generations.

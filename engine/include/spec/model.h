@@ -69,6 +69,7 @@ public:
     const std::string& path() const { return path_; }
     const ModelParams& params() const { return params_; }
     int32_t n_vocab() const { return n_vocab_; }
+    const llama_vocab* vocab() const { return vocab_; }
     int32_t n_ctx() const;
     // Weight tensors placed in ggml's CPU_REPACK buffer type by ModelParams::repack_weights (0: none).
     int32_t n_repacked() const { return n_repacked_; }
