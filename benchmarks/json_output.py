@@ -137,6 +137,36 @@ def divergence_gaps(engine: Engine, todo: list[dict[str, Any]], records: list[di
                              "gap": float(abs(row[a[i]] - row[b[i]]))}
 
 
+def summarize(records: list[dict[str, Any]], method: str, max_tokens: int) -> dict[str, Any]:
+    """Per suite and overall: median ratio to plain decoding per task, pooled tokens/s, tokens per
+    target call, validation, identity and divergence gaps."""
+    summary: dict[str, Any] = {"tasks": len(records), "method": method, "max_tokens": max_tokens,
+                               "machine": platform.processor() or platform.machine()}
+    for suite in ("humaneval", "gsm8k", "all"):
+        rows = [r for r in records if suite == "all" or r["id"].lower().startswith(suite)]
+        if not rows:
+            continue
+        s: dict[str, Any] = {"tasks": len(rows)}
+        for form, key in (("json", method), ("json-nogd", f"{method}-nogd"), ("text", method)):
+            none = [r[f"{form.split('-')[0]}:none"] for r in rows]
+            spec = [r[f"{form.split('-')[0]}:{key}"] for r in rows]
+            s[form] = {
+                "median_ratio": statistics.median(b["tok_s"] / a["tok_s"] for a, b in zip(none, spec)),
+                "none_tok_s": sum(a["n_generated"] for a in none) / sum(a["t_generation_ms"] for a in none) * 1e3,
+                "spec_tok_s": sum(b["n_generated"] for b in spec) / sum(b["t_generation_ms"] for b in spec) * 1e3,
+                "mean_tokens": statistics.mean(a["n_generated"] for a in none),
+                "stopped": sum(a["finish_reason"] == "stop" for a in none),
+                "tokens_per_call": sum(b["n_generated"] for b in spec) / sum(b["n_target_calls"] for b in spec),
+            }
+        s["json_requests"] = 3 * len(rows)
+        s["json_invalid"] = sum(len(r["errors"]) for r in rows)
+        s["identical"] = sum(r["identical"] for r in rows)
+        s["identical_nogd"] = sum(r["identical_nogd"] for r in rows)
+        s["divergence_gaps"] = [r["divergence"]["gap"] for r in rows if "divergence" in r]
+        summary[suite] = s
+    return summary
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--humaneval", type=int, default=50, help="HumanEval tasks (from the first)")
@@ -148,7 +178,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft", default=DEFAULT_DRAFT)
     ap.add_argument("--json", help="write every record and the summary here")
     ap.add_argument("--gaps", metavar="FILE", help="only add the divergence gaps to the records of an earlier --json")
+    ap.add_argument("--summarize", metavar="FILE", help="only summarize the records of an earlier --json again")
     args = ap.parse_args(argv)
+    if args.summarize:
+        with open(args.summarize, encoding="utf-8") as f:
+            saved = json.load(f)
+        old = saved["summary"]
+        saved["summary"] = summarize(saved["records"], old["method"], old["max_tokens"]) | {"machine": old["machine"]}
+        print(json.dumps(saved["summary"], indent=2))
+        with open(args.summarize, "w", encoding="utf-8") as f:
+            json.dump(saved, f)
+        return 0
 
     todo = tasks(args.humaneval, args.gsm8k)
     records = []
@@ -213,30 +253,7 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr, flush=True)
         divergence_gaps(engine, todo, records, args.method)
 
-    summary: dict[str, Any] = {"tasks": len(records), "method": args.method, "max_tokens": args.max_tokens,
-                               "machine": platform.processor() or platform.machine()}
-    for suite in ("humaneval", "gsm8k", "all"):
-        rows = [r for r in records if suite == "all" or r["id"].startswith(suite)]
-        if not rows:
-            continue
-        s: dict[str, Any] = {"tasks": len(rows)}
-        for form, key in (("json", args.method), ("json-nogd", f"{args.method}-nogd"), ("text", args.method)):
-            none = [r[f"{form.split('-')[0]}:none"] for r in rows]
-            spec = [r[f"{form.split('-')[0]}:{key}"] for r in rows]
-            s[form] = {
-                "median_ratio": statistics.median(b["tok_s"] / a["tok_s"] for a, b in zip(none, spec)),
-                "none_tok_s": sum(a["n_generated"] for a in none) / sum(a["t_generation_ms"] for a in none) * 1e3,
-                "spec_tok_s": sum(b["n_generated"] for b in spec) / sum(b["t_generation_ms"] for b in spec) * 1e3,
-                "mean_tokens": statistics.mean(a["n_generated"] for a in none),
-                "stopped": sum(a["finish_reason"] == "stop" for a in none),
-                "tokens_per_call": sum(b["n_generated"] for b in spec) / sum(b["n_target_calls"] for b in spec),
-            }
-        s["json_requests"] = 3 * len(rows)
-        s["json_invalid"] = sum(len(r["errors"]) for r in rows)
-        s["identical"] = sum(r["identical"] for r in rows)
-        s["identical_nogd"] = sum(r["identical_nogd"] for r in rows)
-        s["divergence_gaps"] = [r["divergence"]["gap"] for r in rows if "divergence" in r]
-        summary[suite] = s
+    summary = summarize(records, args.method, args.max_tokens)
     print(json.dumps(summary, indent=2))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:

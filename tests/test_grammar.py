@@ -13,7 +13,7 @@ import pytest
 from pyspec import GenerationConfig, InvalidArgumentError, _core
 from pyspec.grammar import json_schema_grammar
 from test_greedy import PROMPTS
-from test_sampling import ALPHA, chi_square_pvalue
+from test_sampling import ALPHA, chi_square_pvalue, first_two_joint
 
 WORDS = r'root ::= [a-z]+ (" " [a-z]+)*'
 WORDS_RE = re.compile(r"[a-z]+( [a-z]+)*")
@@ -98,12 +98,7 @@ def test_sampled_grammar_output_follows_the_masked_distribution(engines, kind, o
     letters = np.array([bool(re.fullmatch(rb"[a-z]+", engine.token_bytes(t))) for t in range(engine.n_vocab)])
     prompt = engine.tokenize("the cat sat on the mat and the cat sat on the")
     sampling = dict(temperature=1.0, top_k=6)
-    p1 = masked_probs(engine, prompt, letters, **sampling)
-    joint = {}
-    for a in np.flatnonzero(p1):
-        p2 = masked_probs(engine, prompt + [int(a)], letters, **sampling)
-        for b in np.flatnonzero(p2):
-            joint[(int(a), int(b))] = p1[a] * p2[b]
+    joint = first_two_joint(lambda tokens: masked_probs(engine, tokens, letters, **sampling), prompt)
     cells = sorted(joint)
     index = {c: i for i, c in enumerate(cells)}
     counts = np.zeros(len(cells) + 1)

@@ -162,17 +162,23 @@ def test_auto_samples_target_distribution(tiny_target: str, tiny_drafts: dict[st
         assert (n_draft_decodes > 0) == draft_model
 
 
+def first_two_joint(row_probs, prompt: list[int]) -> dict[tuple[int, int], float]:
+    """P(first two tokens = (a, b)) from row_probs(tokens), the next-token distribution after tokens."""
+    p1 = row_probs(prompt)
+    joint = {}
+    for a in np.flatnonzero(p1):
+        p2 = row_probs(prompt + [int(a)])
+        for b in np.flatnonzero(p2):
+            joint[(int(a), int(b))] = p1[a] * p2[b]
+    return joint
+
+
 def check_first_two_tokens(engine, prompt: list[int], seeded: bool = True, **options) -> tuple[int, int, int, int]:
     """Chi-square test of the joint distribution of the first two sampled tokens (T = 1, top_k
     6) against the target's; run r uses seed r when seeded. Returns (runs, tokens drafted at step
     one, tokens accepted, draft-model decodes)."""
     sampling = dict(temperature=1.0, top_k=6)
-    p1 = target_probs(engine, prompt, **sampling)
-    joint = {}
-    for a in np.flatnonzero(p1):
-        p2 = target_probs(engine, prompt + [int(a)], **sampling)
-        for b in np.flatnonzero(p2):
-            joint[(int(a), int(b))] = p1[a] * p2[b]
+    joint = first_two_joint(lambda tokens: target_probs(engine, tokens, **sampling), prompt)
     cells = sorted(joint)
     index = {c: i for i, c in enumerate(cells)}
     counts = np.zeros(len(cells) + 1)

@@ -78,11 +78,13 @@ def _open_stream(base: str, max_tokens: int) -> tuple[httpx.Client, "httpx.Respo
 
 
 def test_bounded_queue_keepalive_and_a_stream_cut_by_shutdown(tiny_target: str, tmp_path: Path) -> None:
-    proc = ServerProcess("--target", tiny_target, "--model-name", "tiny", "--n-ctx", "2048", "--threads", "1",
+    # A context long enough that the running generation outlasts the rest of the test on a fast
+    # machine (2,000 tokens of the tiny model took about a second on a Zen 4).
+    proc = ServerProcess("--target", tiny_target, "--model-name", "tiny", "--n-ctx", "8192", "--threads", "1",
                          "--max-queue", "1", "--sse-keepalive", "0.2", log_path=tmp_path / "queue.log")
     try:
         base = proc.base_url
-        http1, running = _open_stream(base, 2000)
+        http1, running = _open_stream(base, 8000)
         lines = running.iter_lines()
         assert next(line for line in lines if line.startswith("data:"))  # it runs
         http2, waiting = _open_stream(base, 4)  # waits behind it: keep-alive comments meanwhile

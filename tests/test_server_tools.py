@@ -78,3 +78,18 @@ def test_a_tool_aware_template_gets_the_tools_and_object_arguments(tiny_target: 
     with pyspec.Engine(tiny_target, n_ctx=256, n_threads=1) as engine:
         text = ChatTemplate(engine, str(path)).render(messages, tools=plan(TOOLS, "auto")).text
     assert text == '[add][now]<user>1+2?<assistant>{"a": 1, "b": 2}<tool>3'
+
+
+def test_bare_call_objects_are_calls_and_held_back_when_streamed() -> None:
+    tools = plan(TOOLS, "auto")
+    fenced = '```json\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n```'
+    content, calls = parse_calls(fenced, tools)
+    assert content is None and [(c.name, json.loads(c.arguments)) for c in calls] == [("add", {"a": 1, "b": 2})]
+    assert parse_calls('{"name": "add", "arguments": {}, "extra": 1}', tools)[1] == []
+    assert parse_calls('{"value": 3}', tools)[1] == []
+    doubled = parse_calls('{{"name": "now", "arguments": {}}}', tools)[1]
+    assert [c.name for c in doubled] == ["now"]
+    f = ContentFilter()
+    assert [f.feed(p) for p in ["\n", "```", "json"]] == ["", "", ""] and f.maybe_bare and f.flush() == ""
+    g = ContentFilter()
+    assert [g.feed(p) for p in [" ", "Hi", " there"]] == ["", " Hi", " there"]

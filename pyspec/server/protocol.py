@@ -19,7 +19,7 @@ from ..results import GenerationResult, TokenLogprobs
 # GenerationConfig fields that have no OpenAI counterpart (the speculative settings, and a GBNF
 # grammar or JSON schema the output must follow).
 SPECULATIVE_FIELDS = (
-    "grammar", "grammar_root", "json_schema",
+    "grammar", "grammar_root", "json_schema", "grammar_drafts",
     "method", "draft", "n_draft", "top_k", "min_p",
     "auto_max_depth", "auto_max_nodes", "auto_max_gamma", "auto_draft_model", "auto_head", "auto_corpus",
     "auto_corpus_max_depth", "auto_corpus_min_total", "auto_adapt_costs",

@@ -226,7 +226,8 @@ async def _stream(state: "ServerState", reply: Reply, job: Job, first: Any, watc
             return
         finish_reason = result.finish_reason
         if calls_filter is not None:
-            content, calls = parse_calls(result.text, reply.tools) if calls_filter.in_call else (None, [])
+            held = calls_filter.in_call or calls_filter.maybe_bare
+            content, calls = parse_calls(result.text, reply.tools) if held else (None, [])
             if calls:
                 yield _sse(chunk({"index": 0, "delta": {"tool_calls": [c.wire(i) for i, c in enumerate(calls)]},
                                   "logprobs": None, "finish_reason": None}))

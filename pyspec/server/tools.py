@@ -179,16 +179,16 @@ def _call_object(call: Any) -> dict[str, Any]:
 
 def parse_calls(text: str, tools: ToolPlan) -> tuple[str | None, list[ToolCall]]:
     """(content, calls) of an output: the text before the first call as content (None when
-    empty), every complete call to a known function. An output with a malformed or unknown call
-    is all content, no calls."""
+    empty), every complete call to a known function; without tags, an output that is only call
+    objects. An output with a malformed or unknown call is all content, no calls."""
     start = text.find(OPEN)
     if start < 0:
-        return text, []
+        bare = _bare_calls(text, tools)
+        return (None, bare) if bare else (text, [])
     calls = []
     for match in _CALL.finditer(text, start):
-        try:
-            obj = json.loads(match.group(1))
-        except json.JSONDecodeError:
+        obj = _loads_call(match.group(1))
+        if obj is None:
             return text, []
         if not isinstance(obj, dict) or obj.get("name") not in tools.names:
             return text, []
@@ -201,17 +201,68 @@ def parse_calls(text: str, tools: ToolPlan) -> tuple[str | None, list[ToolCall]]
     return content or None, calls
 
 
+def _loads_call(body: str) -> Any:
+    """The JSON of a call; also `{{...}}`, which Qwen2.5's template shows its model as the format
+    (its `{{` inside a Jinja string stays doubled) and the model then writes. None: not JSON."""
+    for text in (body, body[1:-1] if body.startswith("{{") and body.endswith("}}") else None):
+        if text is None:
+            continue
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            pass
+    return None
+
+
+_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.S)
+
+
+def _bare_calls(text: str, tools: ToolPlan) -> list[ToolCall]:
+    """Calls written without the tags: an output that is only a call object (or a list of them),
+    maybe in a ```json fence, as coder models often write it. Anything else: no calls."""
+    body = text.strip()
+    fenced = _FENCE.match(body)
+    if fenced:
+        body = fenced.group(1)
+    if not body.startswith(("{", "[")):
+        return []
+    obj = _loads_call(body)
+    if obj is None:
+        return []
+    objs = obj if isinstance(obj, list) else [obj]
+    calls = []
+    for o in objs:
+        if not isinstance(o, dict) or o.get("name") not in tools.names or set(o) - {"name", "arguments"}:
+            return []
+        args = o.get("arguments", {})
+        calls.append(ToolCall(o["name"], args if isinstance(args, str) else json.dumps(args, ensure_ascii=False),
+                              "call_" + uuid.uuid4().hex[:24]))
+    return calls
+
+
 class ContentFilter:
     """Streams the content of an output that may end in tool calls: text is passed on until the
-    call marker starts (a piece that may be its beginning is held back until it is not)."""
+    call marker starts (a piece that may be its beginning is held back until it is not); an
+    output that opens like a bare call object is held whole."""
 
     def __init__(self) -> None:
         self._held = ""
         self.in_call = False
+        self._opening = ""  # the output until its first non-space character
+        self.maybe_bare = False  # it opens like a bare call ({, [ or ```): all held to the end
 
     def feed(self, piece: str) -> str:
-        if self.in_call:
+        if self.in_call or self.maybe_bare:
             return ""
+        if self._opening.strip() == "":
+            self._opening += piece
+            head = self._opening.lstrip()
+            if head == "":
+                return ""
+            if head.startswith(("{", "[", "`")):
+                self.maybe_bare = True
+                return ""
+            piece, self._opening = self._opening, "x"
         text = self._held + piece
         at = text.find(OPEN)
         if at >= 0:
@@ -225,4 +276,4 @@ class ContentFilter:
     def flush(self) -> str:
         """What was held back, once the output ended without a call."""
         held, self._held = self._held, ""
-        return "" if self.in_call else held
+        return "" if self.in_call or self.maybe_bare else held
