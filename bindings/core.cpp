@@ -21,6 +21,7 @@
 #include "spec/quantize.h"
 #include "spec/replay.h"
 #include "spec/rng.h"
+#include "spec/rpc.h"
 #include "spec/sampling.h"
 #include "spec/tree.h"
 #include "spec/verify.h"
@@ -84,6 +85,9 @@ NB_MODULE(_core, m) {
         .def_ro("text", &spec::LogLine::text);
     m.def("chat_builtin_templates", &spec::chat_builtin_templates,
           "Names of llama.cpp's built-in chat templates (Engine.apply_chat_template's tmpl).");
+    m.def("rpc_supported", &spec::rpc_supported, "Whether this libllama has llama.cpp's RPC backend.");
+    m.def("check_rpc_endpoint", &spec::check_rpc_endpoint, "endpoint"_a,
+          "Raises InvalidArgumentError unless endpoint is host:port as llama.cpp's RPC backend reads it.");
     m.def("drain_logs", &spec::log_drain, "Returns and clears llama.cpp's buffered log lines.");
     m.def("quantize_model", [](const std::string& in, const std::string& out, int32_t file_type,
                                const std::vector<std::pair<std::string, int32_t>>& tensor_types, int32_t n_threads) {
@@ -498,8 +502,9 @@ NB_MODULE(_core, m) {
         .def("__init__", [](spec::Engine* self, const std::string& target, const std::string& draft, int32_t n_ctx,
                             int32_t n_batch, int32_t n_threads, int32_t n_gpu_layers, int32_t n_seq_max, bool use_extra_bufts, uint64_t seed,
                             bool reuse_prefix, std::optional<size_t> pool_capacity, bool repack_weights,
-                            bool huge_pages, bool flash_attn) {
+                            bool huge_pages, bool flash_attn, const std::vector<std::string>& rpc_servers) {
             spec::EngineParams params;
+            params.model.rpc_servers = rpc_servers;
             params.model.n_ctx = n_ctx;
             params.model.n_batch = n_batch;
             params.model.n_threads = n_threads;
@@ -515,7 +520,7 @@ NB_MODULE(_core, m) {
             new (self) spec::Engine(target, draft, params);
         }, "target"_a, "draft"_a, "n_ctx"_a, "n_batch"_a, "n_threads"_a, "n_gpu_layers"_a, "n_seq_max"_a, "use_extra_bufts"_a, "seed"_a,
            "reuse_prefix"_a = true, "pool_capacity"_a.none() = nb::none(), "repack_weights"_a = false, "huge_pages"_a = true,
-           "flash_attn"_a = false, nb::call_guard<nb::gil_scoped_release>())
+           "flash_attn"_a = false, "rpc_servers"_a = std::vector<std::string>{}, nb::call_guard<nb::gil_scoped_release>())
         .def("generate", [](spec::Engine& engine, const std::vector<int32_t>& prompt, const spec::GenerateParams& params,
                             nb::object on_text, spec::GenerateResult* partial) {
             // Without on_text the callback still runs Python's signal handlers, so that Ctrl-C

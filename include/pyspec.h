@@ -41,7 +41,7 @@
 #endif
 
 #define PYSPEC_VERSION_MAJOR 1
-#define PYSPEC_VERSION_MINOR 0
+#define PYSPEC_VERSION_MINOR 1
 #define PYSPEC_VERSION_PATCH 0
 
 #ifdef __cplusplus
@@ -109,6 +109,18 @@ PYSPEC_API pyspec_engine_params pyspec_engine_default_params(void);
 // PYSPEC_ERR_HEAD_MISMATCH for params->head_path, PYSPEC_ERR_INVALID_ARGUMENT. Any thread.
 PYSPEC_API pyspec_status pyspec_engine_load(const char * target_path, const char * draft_path,
                                             const pyspec_engine_params * params, pyspec_engine ** out);
+
+// pyspec_engine_load with the target's offloaded layers on llama.cpp rpc-servers (since 1.1).
+// rpc_servers: "host:port[,host:port...]" (NULL or "": as pyspec_engine_load). The target's
+// params->n_gpu_layers layers (-1: all; 0 is refused: it would put nothing there) go to the
+// servers, split by their free memory; the draft and head stay on this machine. Errors as
+// pyspec_engine_load's, plus PYSPEC_ERR_INVALID_ARGUMENT for a malformed or repeated endpoint and
+// PYSPEC_ERR_MODEL_LOAD when this libllama lacks the RPC backend (built without -DGGML_RPC=on)
+// or a server does not answer. A server speaking another RPC protocol version aborts the process
+// inside llama.cpp: run rpc-servers built from the same llama.cpp. Any thread.
+PYSPEC_API pyspec_status pyspec_engine_load_rpc(const char * target_path, const char * draft_path,
+                                                const pyspec_engine_params * params, const char * rpc_servers,
+                                                pyspec_engine ** out);
 
 // Frees the engine and its models. NULL is a no-op. Must not overlap any other call on this
 // engine (wait for generations on other threads to return first). Generations it produced stay

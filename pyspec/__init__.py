@@ -12,7 +12,7 @@ import logging
 
 from .calibration import CostCurve
 from .config import METHODS, GenerationConfig
-from .engine import Engine, TextStream
+from .engine import Engine, TextStream, rpc_supported
 from .errors import (
     ContextOverflowError,
     DecodeError,
@@ -38,6 +38,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Engine",
     "TextStream",
+    "rpc_supported",
     "CostCurve",
     "METHODS",
     "GenerationConfig",

@@ -19,6 +19,12 @@ class LogLine:
 def chat_builtin_templates() -> list[str]:
     """Names of llama.cpp's built-in chat templates (Engine.apply_chat_template's tmpl)."""
 
+def rpc_supported() -> bool:
+    """Whether this libllama has llama.cpp's RPC backend."""
+
+def check_rpc_endpoint(endpoint: str) -> None:
+    """Raises InvalidArgumentError unless endpoint is host:port as llama.cpp's RPC backend reads it."""
+
 def drain_logs() -> list[LogLine]:
     """Returns and clears llama.cpp's buffered log lines."""
 
@@ -820,7 +826,7 @@ class Learnt:
         """steps the target's cost corrections had seen"""
 
 class Engine:
-    def __init__(self, target: str, draft: str, n_ctx: int, n_batch: int, n_threads: int, n_gpu_layers: int, n_seq_max: int, use_extra_bufts: bool, seed: int, reuse_prefix: bool = True, pool_capacity: int | None = None, repack_weights: bool = False, huge_pages: bool = True, flash_attn: bool = False) -> None: ...
+    def __init__(self, target: str, draft: str, n_ctx: int, n_batch: int, n_threads: int, n_gpu_layers: int, n_seq_max: int, use_extra_bufts: bool, seed: int, reuse_prefix: bool = True, pool_capacity: int | None = None, repack_weights: bool = False, huge_pages: bool = True, flash_attn: bool = False, rpc_servers: Sequence[str] = []) -> None: ...
 
     def generate(self, prompt_tokens: Sequence[int], params: GenerateParams, on_text: object | None = None, partial: GenerateResult | None = None) -> GenerateResult:
         """

@@ -89,7 +89,7 @@ def cache_key(engine: "Engine", draft: str | None) -> dict[str, Any]:
     """What the cost curve of the target (draft None) or draft slot `draft` depends on: the
     loaded model's tensor types and shapes (Model::cost_signature: llama.cpp's description with
     the file type, tensor bytes, parameters, layers, width, vocabulary), threads, offload,
-    backend, repacking, huge pages and flash attention. Not the file's path or time: a draft
+    backend, repacking, huge pages, flash attention and RPC servers. Not the file's path or time: a draft
     reloaded from a new file (an online update) finds the curve of any earlier file of the same
     kind, e.g. its source when written in the source's quantization, and is measured when it
     differs (an f16 export of a Q5_0 draft), never inheriting the curve of the file it replaced."""
@@ -109,6 +109,8 @@ def cache_key(engine: "Engine", draft: str | None) -> dict[str, Any]:
         # flash attention changes the cost of a batch (more so at long contexts); named only when
         # on, for the same reason
         **({"flash_attn": True} if engine.flash_attn else {}),
+        # a target call across the network costs what the link and the servers make it
+        **({"rpc": list(engine.rpc)} if engine.rpc else {}),
     }
 
 

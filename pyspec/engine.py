@@ -78,6 +78,27 @@ def default_n_gpu_layers() -> int:
                                    "(-1 offloads all of them)") from None
 
 
+def rpc_servers(rpc: str | Sequence[str] | None) -> tuple[str, ...]:
+    """Engine's rpc as a tuple of "host:port" endpoints: None or "" none, a string split at
+    commas, or a sequence of strings. Raises InvalidArgumentError naming a malformed endpoint."""
+    if rpc is None:
+        return ()
+    if isinstance(rpc, str):
+        items = [part.strip() for part in rpc.split(",") if part.strip()]
+    elif isinstance(rpc, Sequence) and all(isinstance(part, str) for part in rpc):
+        items = [part.strip() for part in rpc]
+    else:
+        raise TypeError(f"rpc must be 'host:port[,host:port...]' or a sequence of such strings, got {rpc!r:.80}")
+    for endpoint in items:
+        _core.check_rpc_endpoint(endpoint)
+    return tuple(items)
+
+
+def rpc_supported() -> bool:
+    """Whether the libllama in use has llama.cpp's RPC backend (Engine(rpc=...) needs it)."""
+    return bool(_core.rpc_supported())
+
+
 def message_text(content: Any, index: int) -> str:
     """The text of one chat message's content: a string, None (""), or a list of OpenAI content
     parts whose text parts are joined with newlines. Raises InvalidArgumentError for a non-text
@@ -140,6 +161,11 @@ class Engine:
     makes decoding slower at long contexts, 0.76-0.83x at 1,700-1,900 tokens on the Zen 4; on the
     real target it flipped no more near-ties between batched and one-token logits than without,
     docs/numerics.md). GPU backends may gain from it; its calibration is kept apart.
+    rpc: llama.cpp rpc-servers ("host:port", a list or one comma-separated string) that hold the
+    target's offloaded layers, split by their free memory; n_gpu_layers then defaults to all of
+    them (-1). The draft model and head stay on this machine. Needs a libllama built with
+    -DGGML_RPC=on (rpc_supported(); docs/install.md): ModelLoadError otherwise, and when a server
+    does not answer.
     pool_capacity: phrases the engine's phrase pool keeps at most (least recently useful ones are
     evicted beyond it); None = the engine's default, 65,536 phrases, at most about 13 MB when full
     (pool_stats()["memory_bytes"] says what it takes now);
@@ -164,11 +190,14 @@ class Engine:
         huge_pages: bool = True,
         ngram: str | os.PathLike[str] | None = None,
         flash_attn: bool = False,
+        rpc: str | Sequence[str] | None = None,
     ) -> None:
+        self.rpc = rpc_servers(rpc)
         self.target_path = _resolve(target)
         self.draft_path = _resolve(draft) if draft is not None else None
         threads = n_threads if n_threads is not None else (os.cpu_count() or 1)
-        n_gpu_layers = default_n_gpu_layers() if n_gpu_layers is None else n_gpu_layers
+        if n_gpu_layers is None:
+            n_gpu_layers = -1 if self.rpc and not os.environ.get(N_GPU_LAYERS_ENV, "").strip() else default_n_gpu_layers()
         self.repack_mode = repack_mode(repack)
         if pool_capacity is not None and (isinstance(pool_capacity, bool) or not isinstance(pool_capacity, int)
                                           or pool_capacity < 1):
@@ -178,7 +207,7 @@ class Engine:
                 self.target_path, self.draft_path or "", n_ctx, n_batch, threads, n_gpu_layers, 1,
                 self.repack_mode == "all", seed, reuse_prefix=bool(prefix_cache), pool_capacity=pool_capacity,
                 repack_weights=self.repack_mode == "weights", huge_pages=bool(huge_pages),
-                flash_attn=bool(flash_attn),
+                flash_attn=bool(flash_attn), rpc_servers=list(self.rpc),
             )
         finally:
             _forward_llama_logs()
@@ -251,11 +280,12 @@ class Engine:
 
     def target_settings(self) -> dict[str, Any]:
         """The constructor arguments that set how the target runs (context, threads, GPU layers,
-        repacking, huge pages, flash attention): Engine(engine.target_path,
+        repacking, huge pages, flash attention, RPC servers): Engine(engine.target_path,
         **engine.target_settings(), ...) runs the same target the same way, with whatever else the
         caller changes (bench's one-token evaluations take a batch of 1)."""
         return {"n_ctx": self.n_ctx, "n_threads": self.n_threads, "n_gpu_layers": self.n_gpu_layers,
-                "repack": self.repack_mode, "huge_pages": self.huge_pages, "flash_attn": self.flash_attn}
+                "repack": self.repack_mode, "huge_pages": self.huge_pages, "flash_attn": self.flash_attn,
+                "rpc": self.rpc}
 
     @property
     def has_draft(self) -> bool:

@@ -56,3 +56,26 @@ def smol_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from pyspec.models import derive_draft
 
     return derive_draft("smollm2-135m-instruct", 4, tmp_path_factory.mktemp("smol_draft") / "smol4.gguf")
+
+
+@pytest.fixture(scope="session")
+def rpc_servers():
+    """Two llama.cpp rpc-servers on loopback (2 threads each) for the session. Skips, saying why,
+    where this libllama has no RPC backend or ggml-rpc-server is not built; PYSPEC_REQUIRE_RPC=1
+    turns that into a failure (scripts/rpc_check.sh sets it)."""
+    from pyspec.rpc import RpcServer, RpcServerError, find_rpc_server, rpc_supported
+
+    why = None
+    if not rpc_supported():
+        why = "this libllama has no RPC backend (CMAKE_ARGS=-DGGML_RPC=on when building llama-cpp-python)"
+    else:
+        try:
+            find_rpc_server()
+        except RpcServerError as exc:
+            why = str(exc)
+    if why is not None:
+        if os.environ.get("PYSPEC_REQUIRE_RPC") == "1":
+            pytest.fail(f"PYSPEC_REQUIRE_RPC=1 but {why}")
+        pytest.skip(why)
+    with RpcServer(threads=2) as first, RpcServer(threads=2) as second:
+        yield [first, second]

@@ -91,7 +91,7 @@ def test_pkg_config_builds_simple(installed: Installed, tmp_path: Path) -> None:
     if not pkg:
         pytest.skip("pkg-config is not installed")
     env = dict(os.environ, PKG_CONFIG_PATH=str(installed.prefix / "lib" / "pkgconfig"))
-    assert run(pkg, "--modversion", "pyspec", env=env).stdout.strip() == "1.0.0"
+    assert run(pkg, "--modversion", "pyspec", env=env).stdout.strip() == "1.1.0"
     flags = run(pkg, "--cflags", "--libs", "pyspec", env=env).stdout.split()
     assert "-lpyspec" in flags
     libdir = next(f[2:] for f in flags if f.startswith("-L"))
@@ -137,6 +137,12 @@ class Stats(ctypes.Structure):
                                                        "t_verify_ms", "t_total_ms")]
 
 
+class EngineParams(ctypes.Structure):
+    _fields_ = [("n_ctx", ctypes.c_int32), ("n_batch", ctypes.c_int32), ("n_threads", ctypes.c_int32),
+                ("n_gpu_layers", ctypes.c_int32), ("seed", ctypes.c_uint64), ("pool_capacity", ctypes.c_int64),
+                ("prefix_cache", ctypes.c_bool), ("flash_attn", ctypes.c_bool), ("head_path", ctypes.c_char_p)]
+
+
 def load_library(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     P = ctypes.c_void_p
@@ -144,6 +150,9 @@ def load_library(path: Path) -> ctypes.CDLL:
     lib.pyspec_last_error.restype = ctypes.c_char_p
     lib.pyspec_status_name.restype = ctypes.c_char_p
     lib.pyspec_engine_load.argtypes = [ctypes.c_char_p, ctypes.c_char_p, P, ctypes.POINTER(P)]
+    lib.pyspec_engine_load_rpc.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(EngineParams),
+                                           ctypes.c_char_p, ctypes.POINTER(P)]
+    lib.pyspec_engine_default_params.restype = EngineParams
     lib.pyspec_generate.argtypes = [P, ctypes.c_char_p, P, P, P, ctypes.POINTER(P)]
     lib.pyspec_generation_text.restype = ctypes.c_char_p
     lib.pyspec_generation_text.argtypes = [P, P]
@@ -164,7 +173,7 @@ def test_ctypes_shape(installed: Installed) -> None:
     error string from Python through the C ABI; the tokens are those of the Python package's
     plain decoding of the same prompt."""
     lib = load_library(installed.library)
-    assert lib.pyspec_version().decode() == "1.0.0"
+    assert lib.pyspec_version().decode() == "1.1.0"
 
     engine = ctypes.c_void_p()
     missing = b"/nonexistent/target.gguf"
@@ -205,3 +214,51 @@ def test_ctypes_shape(installed: Installed) -> None:
         reference = engine_py.generate(prompt, method="none", max_tokens=256)
     assert tokens == reference.tokens
     assert text == reference.text
+
+
+def test_ctypes_rpc_load_errors(installed: Installed) -> None:
+    """pyspec_engine_load_rpc refuses what cannot work with a status and a message, never an abort:
+    no layer for the servers, a malformed endpoint, a library without RPC or a port nobody
+    listens on (ggml-rpc itself aborts there); no servers is a plain load."""
+    from pyspec.rpc import free_port, rpc_supported
+
+    lib = load_library(installed.library)
+    target = installed.target.encode()
+    engine = ctypes.c_void_p()
+    params = lib.pyspec_engine_default_params()
+    assert params.n_gpu_layers == 0 and params.n_ctx == 4096
+    assert lib.pyspec_engine_load_rpc(target, None, ctypes.byref(params), b"127.0.0.1:50052", ctypes.byref(engine)) == 1
+    assert b"n_gpu_layers=0" in lib.pyspec_last_error() and engine.value is None
+    params.n_gpu_layers = -1
+    assert lib.pyspec_engine_load_rpc(target, None, ctypes.byref(params), b"nohost", ctypes.byref(engine)) == 1
+    assert b"'nohost' is not host:port" in lib.pyspec_last_error()
+    endpoint = f"127.0.0.1:{free_port()}".encode()
+    assert lib.pyspec_engine_load_rpc(target, None, ctypes.byref(params), endpoint, ctypes.byref(engine)) == 2
+    expected = b"cannot reach the RPC server at " + endpoint if rpc_supported() else b"-DGGML_RPC=on"
+    assert expected in lib.pyspec_last_error() and engine.value is None
+    params.n_gpu_layers = 0
+    for servers in (None, b"", b" , "):
+        assert lib.pyspec_engine_load_rpc(target, None, ctypes.byref(params), servers, ctypes.byref(engine)) == 0
+        lib.pyspec_engine_free(engine)
+
+
+def test_ctypes_rpc_loopback_equals_local(installed: Installed, rpc_servers) -> None:
+    """Through the C ABI, the target on two loopback rpc-servers decodes what it decodes locally."""
+    lib = load_library(installed.library)
+    params = lib.pyspec_engine_default_params()
+    params.n_ctx = 512
+    outputs = []
+    for servers in (None, ",".join(s.endpoint for s in rpc_servers).encode()):
+        params.n_gpu_layers = -1 if servers else 0
+        engine, generation = ctypes.c_void_p(), ctypes.c_void_p()
+        assert lib.pyspec_engine_load_rpc(installed.target.encode(), None, ctypes.byref(params), servers,
+                                          ctypes.byref(engine)) == 0, lib.pyspec_last_error()
+        try:
+            assert lib.pyspec_generate(engine, b"def add(a, b):", None, None, None, ctypes.byref(generation)) == 0
+            n = ctypes.c_int32()
+            ptr = lib.pyspec_generation_tokens(generation, ctypes.byref(n))
+            outputs.append([ptr[i] for i in range(n.value)])
+            lib.pyspec_generation_free(generation)
+        finally:
+            lib.pyspec_engine_free(engine)
+    assert len(outputs[0]) == 256 and outputs[0] == outputs[1]

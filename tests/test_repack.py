@@ -192,6 +192,6 @@ def test_target_settings_rebuild_the_target_as_it_runs(q4_target: str) -> None:
     with pyspec.Engine(q4_target, n_ctx=512, n_threads=1, repack="off", huge_pages=False) as engine:
         settings = engine.target_settings()
         assert settings == {"n_ctx": 512, "n_threads": 1, "n_gpu_layers": engine.n_gpu_layers, "repack": "off",
-                            "huge_pages": False, "flash_attn": False}
+                            "huge_pages": False, "flash_attn": False, "rpc": ()}
         with pyspec.Engine(engine.target_path, **settings, n_batch=1, prefix_cache=False) as twin:
             assert twin.target_settings() == settings

@@ -206,12 +206,32 @@ pyspec_engine_params pyspec_engine_default_params(void) {
     return p;
 }
 
-pyspec_status pyspec_engine_load(const char* target_path, const char* draft_path, const pyspec_engine_params* params,
-                                 pyspec_engine** out) {
+namespace {
+
+// "host:port,host:port" -> its endpoints (empty parts skipped; checked by the engine).
+std::vector<std::string> split_servers(const char* servers) {
+    std::vector<std::string> out;
+    if (!servers) return out;
+    std::string part;
+    for (const char* c = servers;; ++c) {
+        if (*c == ',' || *c == '\0') {
+            const size_t b = part.find_first_not_of(" \t"), e = part.find_last_not_of(" \t");
+            if (b != std::string::npos) out.push_back(part.substr(b, e - b + 1));
+            part.clear();
+            if (*c == '\0') break;
+        } else {
+            part += *c;
+        }
+    }
+    return out;
+}
+
+pyspec_status load_engine(const char* function, const char* target_path, const char* draft_path,
+                          const pyspec_engine_params* params, const char* rpc_servers, pyspec_engine** out) {
     if (out) *out = nullptr;
     return guarded([&] {
-        if (!out) return null_argument("pyspec_engine_load", "out");
-        if (!target_path) return null_argument("pyspec_engine_load", "target_path");
+        if (!out) return null_argument(function, "out");
+        if (!target_path) return null_argument(function, "target_path");
         const pyspec_engine_params p = params ? *params : pyspec_engine_default_params();
         if (p.n_threads < 0) {
             return fail(PYSPEC_ERR_INVALID_ARGUMENT, "n_threads must be >= 0, got " + std::to_string(p.n_threads));
@@ -227,6 +247,7 @@ pyspec_status pyspec_engine_load(const char* target_path, const char* draft_path
         ep.model.n_gpu_layers = p.n_gpu_layers;
         ep.model.reuse_prefix = p.prefix_cache;
         ep.model.flash_attn = p.flash_attn;
+        ep.model.rpc_servers = split_servers(rpc_servers);
         ep.seed = p.seed;
         if (p.pool_capacity > 0) ep.pool.capacity = size_t(p.pool_capacity);
         auto handle = std::make_unique<pyspec_engine>();
@@ -235,6 +256,19 @@ pyspec_status pyspec_engine_load(const char* target_path, const char* draft_path
         *out = handle.release();
         return PYSPEC_OK;
     });
+}
+
+}  // namespace
+
+pyspec_status pyspec_engine_load(const char* target_path, const char* draft_path, const pyspec_engine_params* params,
+                                 pyspec_engine** out) {
+    return load_engine("pyspec_engine_load", target_path, draft_path, params, nullptr, out);
+}
+
+pyspec_status pyspec_engine_load_rpc(const char* target_path, const char* draft_path,
+                                     const pyspec_engine_params* params, const char* rpc_servers,
+                                     pyspec_engine** out) {
+    return load_engine("pyspec_engine_load_rpc", target_path, draft_path, params, rpc_servers, out);
 }
 
 void pyspec_engine_free(pyspec_engine* engine) {

@@ -382,7 +382,7 @@ std::unique_ptr<DraftHead> Engine::load_head(const std::string& path) const {
     const std::shared_ptr<const Model> target = shared_target();
     HeadParams params;
     params.n_threads = params_.model.n_threads;
-    params.use_gpu = params_.model.n_gpu_layers > 0;
+    params.use_gpu = params_.model.n_gpu_layers != 0;  // -1: all layers
     return std::make_unique<DraftHead>(path, *target, params);
 }
 

@@ -19,6 +19,7 @@
 #include "llama.h"
 #include "spec/error.h"
 #include "spec/log.h"
+#include "spec/rpc.h"
 
 namespace spec {
 namespace {
@@ -273,6 +274,21 @@ Model::Model(const std::string& path, const ModelParams& params) : path_(path), 
 
     llama_model_params mparams = llama_model_default_params();
     mparams.n_gpu_layers = params.n_gpu_layers;
+    std::vector<ggml_backend_dev_t> devices;  // outlives the load; null-terminated
+    if (!params.rpc_servers.empty()) {
+        if (params.n_gpu_layers == 0) {
+            throw InvalidArgumentError("RPC servers were given with n_gpu_layers=0, which puts no layer on them: "
+                                       "pass -1 (all layers) or how many");
+        }
+        // The servers first (as llama.cpp orders them: fewer transfers), then this machine's GPUs.
+        devices = rpc_devices(params.rpc_servers);
+        for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+            ggml_backend_dev_t device = ggml_backend_dev_get(i);
+            if (ggml_backend_dev_type(device) == GGML_BACKEND_DEVICE_TYPE_GPU) devices.push_back(device);
+        }
+        devices.push_back(nullptr);
+        mparams.devices = devices.data();
+    }
     mparams.load_mode = params.use_mmap ? LLAMA_LOAD_MODE_MMAP : LLAMA_LOAD_MODE_NONE;
     mparams.use_extra_bufts = params.use_extra_bufts;
     RepackOverrides repack;  // outlives the load: llama.cpp reads the patterns while loading
@@ -538,6 +554,11 @@ void Model::decode(const std::vector<BatchToken>& batch) {
     }
     b.n_tokens = n;
     const int32_t rc = llama_decode(ctx_, b);
+    // On asynchronous backends (CUDA, RPC) llama_decode returns before the graph has run, and
+    // the wait would fall into whichever call reads the rows first. Waiting here keeps the time
+    // of a decode in the decode: the cost curves, t_target_ms and auto's step timings then
+    // measure what a call costs. The rows are read next anyway, so nothing overlaps less.
+    if (rc == 0) llama_synchronize(ctx_);
     // Rows exist only after a successful decode; a failed one leaves none to read.
     n_outputs_ = rc == 0 ? int32_t(output_index_.size()) : 0;
     if (rc != 0) output_index_.clear();

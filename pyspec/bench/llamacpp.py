@@ -196,39 +196,46 @@ def build_tools(cache: Cache | None = None, *, jobs: int | None = None, force: b
     """Builds TOOLS into tools_dir(cache) unless they are there already (or force); returns that
     directory. Raises LlamaCppToolsError (cmake or compiler missing, download, configure or
     build failed: the message ends with the log's tail and names the full log)."""
+    return build_targets(TOOLS, tools_dir(cache), cache, jobs=jobs, force=force, pip_args=pip_args)
+
+
+def build_targets(targets: Sequence[str], final: Path, cache: Cache | None = None, *, options: Sequence[str] = (),
+                  jobs: int | None = None, force: bool = False, pip_args: Sequence[str] | None = None) -> Path:
+    """Builds llama.cpp's executables `targets` (CMAKE_OPTIONS plus `options`, without AMX on AMX
+    CPUs) from the pinned sdist into the directory `final`, unless they are there already (or
+    force); returns `final`. Errors as build_tools'."""
     cache = cache or Cache.default()
-    final = tools_dir(cache)
     root = final.parent
     with _build_lock(root):
-        if not force and not _missing(final):
+        if not force and all(os.access(final / t, os.X_OK) for t in targets):
             return final
         check_build_prerequisites()
         sdist = download_sdist(cache.packages, pip_args)
-        log_file = root / "build.log"
-        log_file.write_text(f"building {', '.join(TOOLS)} from {sdist}\n", encoding="utf-8")
+        log_file = root / f"build-{final.name}.log"
+        log_file.write_text(f"building {', '.join(targets)} from {sdist}\n", encoding="utf-8")
         with tempfile.TemporaryDirectory(prefix="build-", dir=root) as work:
             source = _extract(sdist, Path(work))
             build = Path(work) / "build"
-            options = list(CMAKE_OPTIONS)
+            all_options = [*CMAKE_OPTIONS, *options]
             if cpu_has_amx():
-                options += [f"-DCMAKE_C_FLAGS={NO_AMX_FLAGS}", f"-DCMAKE_CXX_FLAGS={NO_AMX_FLAGS}"]
-            _run_logged(["cmake", "-S", str(source), "-B", str(build), *options], log_file,
+                all_options += [f"-DCMAKE_C_FLAGS={NO_AMX_FLAGS}", f"-DCMAKE_CXX_FLAGS={NO_AMX_FLAGS}"]
+            _run_logged(["cmake", "-S", str(source), "-B", str(build), *all_options], log_file,
                         "configuring llama.cpp with cmake")
             _run_logged(["cmake", "--build", str(build), "--config", "Release", "-j", str(jobs or os.cpu_count() or 1),
-                         "--target", *TOOLS], log_file, "building llama.cpp's tools")
-            staged = root / "bin.new"
+                         "--target", *targets], log_file, f"building llama.cpp's {', '.join(targets)}")
+            staged = root / f"{final.name}.new"
             shutil.rmtree(staged, ignore_errors=True)
             staged.mkdir()
-            for tool in TOOLS:
-                built = build / "bin" / tool
+            for target in targets:
+                built = build / "bin" / target
                 if not built.is_file():
                     raise LlamaCppToolsError(f"the build reported success but {built} is missing; see {log_file}")
-                shutil.copy2(built, staged / tool)
+                shutil.copy2(built, staged / target)
             if cpu_has_amx():
                 (staged / AMX_OFF_MARKER).write_text(f"built with {NO_AMX_FLAGS}\n", encoding="utf-8")
             shutil.rmtree(final, ignore_errors=True)
             os.replace(staged, final)
-        log.info("llama.cpp tools built in %s", final)
+        log.info("llama.cpp's %s built in %s", ", ".join(targets), final)
         return final
 
 

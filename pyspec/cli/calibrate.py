@@ -8,7 +8,7 @@ from typing import Any
 
 from ..calibration import CALIBRATION_SIZES
 from ..config import DEFAULT_DRAFT, DEFAULT_TARGET
-from .options import add_engine_options, engine_options
+from .options import add_engine_options, add_rpc_option, engine_options
 
 
 
@@ -16,7 +16,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from ..engine import Engine
 
     with Engine(args.target, draft=args.draft or None, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
-                **engine_options(args)) as engine:
+                rpc=args.rpc, **engine_options(args)) as engine:
         curves = engine.calibrate(force=args.force, repeats=args.repeats)
     payload = {name: {"n_tokens": list(c.n_tokens), "ms": [round(t, 2) for t in c.ms]} for name, c in curves.items()}
     if args.json:
@@ -43,6 +43,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--n-gpu-layers", type=int, default=None,
                    help="layers to offload, -1 all (GPU builds only; default $PYSPEC_N_GPU_LAYERS, else 0)")
     add_engine_options(p)
+    add_rpc_option(p)
     p.add_argument("--repeats", type=int, default=3, help="rounds over all sizes; the median is kept (default 3)")
     p.add_argument("--force", action="store_true", help="measure again even when a cached curve exists")
     p.add_argument("--json", action="store_true", help="print the curves as JSON")

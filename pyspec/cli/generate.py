@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import METHODS, GenerationConfig
-from .options import (add_engine_options, add_generation_options, add_ngram_option, add_stats_option, engine_options,
+from .options import (add_engine_options, add_rpc_option, add_generation_options, add_ngram_option, add_stats_option, engine_options,
                       read_prompt, stats_file_path)
 
 
@@ -33,7 +33,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     prompt_text = read_prompt(args)
     constraint = _constraint(args)
     with Engine(args.target, draft=args.draft, n_ctx=args.n_ctx, n_threads=args.threads,
-                n_gpu_layers=args.n_gpu_layers, head=args.head, ngram=args.ngram, **engine_options(args)) as engine:
+                n_gpu_layers=args.n_gpu_layers, head=args.head, ngram=args.ngram, rpc=args.rpc,
+                **engine_options(args)) as engine:
         stats_path = stats_file_path(args, engine)
         prompt: Any = [{"role": "user", "content": prompt_text}] if args.chat else prompt_text
         kwargs = dict(
@@ -120,6 +121,7 @@ def register(sub: Any) -> None:
     gen.add_argument("--json", action="store_true", help="print one JSON object with text, tokens, finish_reason, stats")
     add_generation_options(gen)
     add_engine_options(gen)
+    add_rpc_option(gen)
     add_ngram_option(gen)
     add_stats_option(gen)
     gen.set_defaults(handler=_cmd_generate)

@@ -8,11 +8,11 @@ import sys
 from typing import Sequence
 
 from ..errors import SpecError
-from . import bench, calibrate, data, demo, distill, generate, models, ngram, serve, train_head
+from . import bench, calibrate, data, demo, distill, generate, models, ngram, rpc_server, serve, train_head
 
 # Each command is a module of this package with register(subparsers); commands import the library
 # and .options, never this module. In `pyspec --help` order:
-COMMANDS = (generate, demo, bench, calibrate, distill, train_head, models, data, ngram, serve)
+COMMANDS = (generate, demo, bench, calibrate, distill, train_head, models, data, ngram, serve, rpc_server)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -44,6 +44,14 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
                         "see docs/numerics.md)")
 
 
+def add_rpc_option(p: argparse.ArgumentParser) -> None:
+    """--rpc: Engine's rpc (the target's layers on llama.cpp rpc-servers), for generate, calibrate
+    and serve."""
+    p.add_argument("--rpc", default=None, metavar="HOST:PORT[,...]",
+                   help="llama.cpp rpc-servers that hold the target's layers (all of them unless --n-gpu-layers "
+                        "says how many); needs llama-cpp-python built with -DGGML_RPC=on (docs/install.md)")
+
+
 def add_ngram_option(p: argparse.ArgumentParser) -> None:
     """--ngram: Engine's ngram (a static n-gram table method auto also drafts from)."""
     p.add_argument("--ngram", default=None, metavar="PATH",

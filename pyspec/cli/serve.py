@@ -9,7 +9,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from .options import add_engine_options, add_ngram_option, engine_options
+from .options import add_engine_options, add_ngram_option, add_rpc_option, engine_options
 from ..config import METHODS, SERVER_TEMPERATURE, GenerationConfig
 from ..online.config import TRAIN_BLOCKS_HELP, DistillConfig  # no torch: plain settings
 
@@ -45,6 +45,7 @@ def register(sub: Any) -> None:
                    help="layers to offload, -1 all (GPU builds only; default $PYSPEC_N_GPU_LAYERS, else 0)")
     p.add_argument("--seed", type=int, default=0, help="seed of the engine's random stream")
     add_engine_options(p)
+    add_rpc_option(p)
     add_ngram_option(p)
     p.add_argument("--no-prefix-cache", action="store_true",
                    help="evaluate every prompt from scratch instead of reusing the KV cache of the longest "
@@ -164,7 +165,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     online = online_settings(args)
     settings = ServerSettings(
         target=args.target, draft=args.draft, model_name=args.model_name, n_ctx=args.n_ctx, n_batch=args.n_batch,
-        n_threads=args.threads, n_gpu_layers=args.n_gpu_layers, seed=args.seed,
+        n_threads=args.threads, n_gpu_layers=args.n_gpu_layers, rpc=args.rpc, seed=args.seed,
         prefix_cache=not args.no_prefix_cache, pool_capacity=args.pool_capacity, defaults=defaults,
         pool_file=args.pool_file, stats_file=args.stats_file, stats_save_interval_s=args.stats_save_interval,
         pool_save_interval_s=args.pool_save_interval, online=online, ngram=args.ngram,

@@ -49,7 +49,8 @@ class ServerSettings:
     n_ctx: int = 4096
     n_batch: int = 512
     n_threads: int | None = None
-    n_gpu_layers: int | None = None  # None: $PYSPEC_N_GPU_LAYERS, else 0
+    n_gpu_layers: int | None = None  # None: $PYSPEC_N_GPU_LAYERS, else 0 (all of them with rpc)
+    rpc: str | None = None  # Engine's rpc: llama.cpp rpc-servers holding the target's layers
     seed: int = 0
     prefix_cache: bool = True
     pool_capacity: int | None = None  # phrases the phrase pool keeps at most (None: the engine's default)
@@ -140,7 +141,7 @@ def _start(settings: ServerSettings, engine: Engine | None) -> ServerState:
                         n_threads=settings.n_threads, n_gpu_layers=settings.n_gpu_layers, seed=settings.seed,
                         prefix_cache=settings.prefix_cache, pool_capacity=settings.pool_capacity,
                         repack=settings.repack, huge_pages=settings.huge_pages, ngram=settings.ngram,
-                        flash_attn=settings.flash_attn)
+                        flash_attn=settings.flash_attn, rpc=settings.rpc)
     template = ChatTemplate(engine, settings.chat_template)
     metrics = ServerMetrics()
     pool = None

@@ -22,6 +22,11 @@ struct ModelParams {
                                 // At most the (capped) n_batch: llama.cpp keeps an output row each
     int32_t n_threads = 0;      // 0: hardware concurrency
     int32_t n_gpu_layers = 0;   // layers offloaded to a GPU backend when llama.cpp has one
+                                // (or to the RPC servers); -1: all of them
+    // llama.cpp rpc-servers ("host:port") that hold the offloaded layers (n_gpu_layers of them,
+    // split by the servers' free memory), before any local GPU. Empty: this machine only.
+    // Needs a libllama built with -DGGML_RPC=on (spec/rpc.h).
+    std::vector<std::string> rpc_servers;
     bool use_mmap = true;
     // llama.cpp's extra CPU buffer types (weight repacking, AMX). Faster one-token decoding, but
     // batched and one-token logits then differ more (docs/numerics.md), and ggml's AMX path
