@@ -62,6 +62,26 @@ def test_auto_greedy_equals_plain(engines, kind: str) -> None:
         assert s.n_generated == len(auto.tokens)
 
 
+@pytest.mark.parametrize("kind", ["identical", "independent", "perturbed"])
+def test_auto_greedy_equals_plain_when_it_drafts(tiny_target: str, tiny_drafts: dict[str, str], kind: str) -> None:
+    """The same identity on curves where drafting pays (a flat target curve, a draft 100x
+    cheaper), so that auto drafts at almost every step: identity holds with drafts accepted and
+    rejected, not only because auto decoded plainly."""
+    with pyspec.Engine(tiny_target, draft=tiny_drafts[kind], n_ctx=1024, n_threads=2) as engine:
+        install(engine, flat(10.0), flat(0.1))
+        drafted = accepted = rejected = 0
+        for prompt in PROMPTS:
+            plain = engine.generate(prompt, max_tokens=48, method="none")
+            auto = engine.generate(prompt, max_tokens=48, auto_adapt_costs=False)
+            assert auto.tokens == plain.tokens, (kind, prompt)
+            drafted += auto.stats.n_drafted
+            accepted += auto.stats.n_accepted
+            rejected += auto.stats.n_drafted - auto.stats.n_accepted
+    assert drafted > 0 and accepted > 0, (kind, drafted, accepted)
+    if kind != "identical":
+        assert rejected > 0, (kind, drafted, accepted)
+
+
 def test_linear_cost_means_plain_decoding(engine: pyspec.Engine) -> None:
     """When k tokens cost k times one token, no proposal can pay: every step is plain decoding."""
     install(engine, linear(10.0), linear(1.0))
@@ -589,19 +609,18 @@ def test_timing_decodes_with_every_or_the_last_logits_row_installs_nothing(engin
     assert list(every.n_tokens) == list(last.n_tokens) == [1, 2, 8]
     assert all(t > 0 for t in list(every.ms) + list(last.ms))
     assert list(engine._core.cost(False, "").ms) == before
-    # Calibration's curve is a running maximum; benchmarks/context_cost.py --every-size asks for
-    # the medians as measured (on the tiny model neighbouring sizes cost alike, so over 32 sizes
-    # some size reads below the one before it: 4-7 such drops in each of 10 tries), with progress.
+    # Calibration's curve is a running maximum (schedule.h's monotone, unit-tested with hand-made
+    # curves in tests/cpp/test_schedule.cpp); benchmarks/context_cost.py --every-size asks for
+    # the medians as measured, with progress. Whether a raw curve dips depends on the machine's
+    # timing noise, so only its shape is checked here.
     sizes = list(range(1, 33))
     calls: list[tuple[int, int]] = []
-    raw_drops = []
     for _ in range(3):
-        raw = list(engine._core.time_decodes(sizes, 1, True, 16, non_decreasing=False,
-                                             progress=lambda done, total: calls.append((done, total))).ms)
-        raw_drops.append(sum(1 for a, b in zip(raw, raw[1:]) if b < a))
+        raw = engine._core.time_decodes(sizes, 1, True, 16, non_decreasing=False,
+                                        progress=lambda done, total: calls.append((done, total)))
+        assert list(raw.n_tokens) == sizes and all(t > 0 for t in raw.ms)
         kept = list(engine._core.time_decodes(sizes, 1, True, 16).ms)
         assert all(b >= a for a, b in zip(kept, kept[1:]))
-    assert max(raw_drops) > 0
     assert calls == [(i, len(sizes)) for i in range(1, len(sizes) + 1)] * 3
     assert list(engine._core.cost(False, "").ms) == before
     with pytest.raises(pyspec.InvalidArgumentError, match="calibration context must be >= 1, got 0"):
