@@ -18,6 +18,7 @@
 #include "spec/drafter_registry.h"
 #include "spec/error.h"
 #include "spec/log.h"
+#include "spec/penalties.h"
 #include "spec/quantize.h"
 #include "spec/replay.h"
 #include "spec/rng.h"
@@ -113,6 +114,8 @@ NB_MODULE(_core, m) {
         .def_rw("min_p", &spec::SamplingParams::min_p);
 
     m.def("validate_sampling", nb::overload_cast<const spec::SamplingParams&>(&spec::validate), "params"_a);
+    m.def("validate_penalties", nb::overload_cast<const spec::PenaltyParams&, int32_t>(&spec::validate), "params"_a,
+          "n_vocab"_a, "Raises InvalidArgumentError for a penalty or bias outside its range.");
     m.def("compute_probs", [](ConstFloatArray logits, const spec::SamplingParams& params) {
         std::vector<float> probs;
         std::vector<int32_t> scratch;
@@ -353,6 +356,14 @@ NB_MODULE(_core, m) {
         .def_rw("resync", &spec::LookupParams::resync)
         .def_rw("loose_substitutions", &spec::LookupParams::loose_substitutions);
 
+    nb::class_<spec::PenaltyParams>(m, "PenaltyParams",
+                                    "Penalties and biases on the target's logits (spec/penalties.h).")
+        .def(nb::init<>())
+        .def_rw("presence_penalty", &spec::PenaltyParams::presence_penalty)
+        .def_rw("frequency_penalty", &spec::PenaltyParams::frequency_penalty)
+        .def_rw("repetition_penalty", &spec::PenaltyParams::repetition_penalty)
+        .def_rw("logit_bias", &spec::PenaltyParams::logit_bias);
+
     nb::class_<spec::GenerateParams>(m, "GenerateParams")
         .def(nb::init<>())
         .def_rw("max_tokens", &spec::GenerateParams::max_tokens)
@@ -375,7 +386,8 @@ NB_MODULE(_core, m) {
         .def_rw("seed", &spec::GenerateParams::seed)
         .def_rw("grammar", &spec::GenerateParams::grammar)
         .def_rw("grammar_root", &spec::GenerateParams::grammar_root)
-        .def_rw("grammar_drafts", &spec::GenerateParams::grammar_drafts);
+        .def_rw("grammar_drafts", &spec::GenerateParams::grammar_drafts)
+        .def_rw("penalties", &spec::GenerateParams::penalties);
 
     nb::class_<spec::Stats>(m, "Stats")
         .def_ro("n_prompt_tokens", &spec::Stats::n_prompt_tokens)

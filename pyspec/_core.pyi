@@ -19,6 +19,9 @@ class LogLine:
 def chat_builtin_templates() -> list[str]:
     """Names of llama.cpp's built-in chat templates (Engine.apply_chat_template's tmpl)."""
 
+def validate_penalties(params: PenaltyParams, n_vocab: int) -> None:
+    """Raises InvalidArgumentError for a penalty or bias outside its range."""
+
 def rpc_supported() -> bool:
     """Whether this libllama has llama.cpp's RPC backend."""
 
@@ -506,6 +509,35 @@ class LookupParams:
     @fences.setter
     def fences(self, arg: bool, /) -> None: ...
 
+class PenaltyParams:
+    """Penalties and biases on the target's logits (spec/penalties.h)."""
+
+    def __init__(self) -> None: ...
+
+    @property
+    def presence_penalty(self) -> float: ...
+
+    @presence_penalty.setter
+    def presence_penalty(self, arg: float, /) -> None: ...
+
+    @property
+    def frequency_penalty(self) -> float: ...
+
+    @frequency_penalty.setter
+    def frequency_penalty(self, arg: float, /) -> None: ...
+
+    @property
+    def repetition_penalty(self) -> float: ...
+
+    @repetition_penalty.setter
+    def repetition_penalty(self, arg: float, /) -> None: ...
+
+    @property
+    def logit_bias(self) -> list[tuple[int, float]]: ...
+
+    @logit_bias.setter
+    def logit_bias(self, arg: list[tuple[int, float]], /) -> None: ...
+
 class GenerateParams:
     def __init__(self) -> None: ...
 
@@ -634,6 +666,12 @@ class GenerateParams:
 
     @grammar_drafts.setter
     def grammar_drafts(self, arg: bool, /) -> None: ...
+
+    @property
+    def penalties(self) -> PenaltyParams: ...
+
+    @penalties.setter
+    def penalties(self, arg: PenaltyParams, /) -> None: ...
 
 class Stats:
     @property

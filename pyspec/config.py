@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +39,8 @@ _INT32_RANGE = (-(2**31), 2**31 - 1)
 _UINT64_RANGE = (0, 2**64 - 1)
 _BOOL_FIELDS = {"auto_draft_model", "auto_head", "auto_corpus", "auto_adapt_costs", "lookup_unit_ends", "lookup_substitutions", "lookup_resync", "lookup_loose_substitutions", "lookup_fences", "pool", "harvest_prompt", "harvest_generated", "harvest_verification",
                 "return_logits", "grammar_drafts"}
-_FLOAT_FIELDS = {"temperature", "top_p", "min_p", "typical_epsilon", "typical_delta"}
+_FLOAT_FIELDS = {"temperature", "top_p", "min_p", "typical_epsilon", "typical_delta", "presence_penalty",
+                 "frequency_penalty", "repetition_penalty"}
 _STR_FIELDS = {"draft", "acceptance", "grammar_root"}
 _OPTIONAL_STR_FIELDS = {"method", "grammar"}
 _OPTIONAL_INT_FIELDS = {"n_draft", "seed", "logprobs"}
@@ -68,6 +69,17 @@ def _check_field(name: str, value: Any) -> None:
     if name == "json_schema":
         if value is not None and not isinstance(value, (dict, str)):
             raise TypeError(f"GenerationConfig.json_schema must be a dict, a str of JSON or None, got {_describe(value)}")
+        return
+    if name == "logit_bias":
+        if value is None:
+            return
+        if not isinstance(value, Mapping):
+            raise TypeError(f"GenerationConfig.logit_bias must be a dict of token id -> bias, got {_describe(value)}")
+        for token, bias in value.items():
+            if isinstance(token, (bool, np.bool_)) or not isinstance(token, numbers.Integral):
+                raise TypeError(f"GenerationConfig.logit_bias keys must be token ids (int), got {_describe(token)}")
+            if isinstance(bias, (bool, np.bool_)) or not isinstance(bias, numbers.Real):
+                raise TypeError(f"GenerationConfig.logit_bias[{token}] must be a number, got {_describe(bias)}")
         return
     if value is None and (name in _OPTIONAL_STR_FIELDS or name in _OPTIONAL_INT_FIELDS or name == "stop"):
         return
@@ -159,6 +171,15 @@ class GenerationConfig:
     (logprobs and return_logits still report the unconstrained rows). grammar_drafts: a step
     whose drafter proposes nothing drafts the text the grammar forces (a schema's keys and
     punctuation) instead.
+
+    Penalties (OpenAI's and CTRL's, on the target's logits before top_k / top_p / min_p):
+    presence_penalty and frequency_penalty (each in [-2, 2]) subtract p + f * count(t) from the
+    logit of every token t the output has produced so far; repetition_penalty r (in (0, 10], 1:
+    off) divides the positive logits and multiplies the negative ones of every token in the
+    prompt or the output; logit_bias ({token id: bias in [-100, 100]}) adds to those logits.
+    Speculation penalises every verification row for the tokens of its own path, so every
+    method reproduces penalised plain decoding exactly (logprobs still report the target's own
+    rows).
     """
 
     max_tokens: int = 256
@@ -210,6 +231,10 @@ class GenerationConfig:
     grammar_root: str = "root"
     json_schema: dict[str, Any] | str | None = None
     grammar_drafts: bool = True
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: Mapping[int, float] | None = None
 
     def __post_init__(self) -> None:
         """Checks every field's type (and that integers fit the engine's 32-bit fields); the
@@ -284,4 +309,9 @@ class GenerationConfig:
             p.grammar = self.grammar
         p.grammar_root = "root" if self.json_schema is not None else self.grammar_root
         p.grammar_drafts = bool(self.grammar_drafts)
+        p.penalties.presence_penalty = float(self.presence_penalty)
+        p.penalties.frequency_penalty = float(self.frequency_penalty)
+        p.penalties.repetition_penalty = float(self.repetition_penalty)
+        p.penalties.logit_bias = sorted((int(t), float(b)) for t, b in (self.logit_bias or {}).items())
+        _core.validate_penalties(p.penalties, _INT32_RANGE[1])  # the ranges now; the token ids at generate
         return p

@@ -78,7 +78,8 @@ def test_every_generation_setting_is_a_server_field() -> None:
     from pyspec.server.protocol import SPECULATIVE_FIELDS
 
     # Set by OpenAI's own request fields (max_tokens, temperature, top_p, stop, seed, logprobs).
-    openai = {"max_tokens", "temperature", "top_p", "stop", "seed", "logprobs"}
+    openai = {"max_tokens", "temperature", "top_p", "stop", "seed", "logprobs", "presence_penalty", "frequency_penalty",
+              "logit_bias"}
     # Library-only outputs with no place in an HTTP response.
     library_only = {"trace_top_k", "return_logits"}
     assert set(SPECULATIVE_FIELDS) <= set(FIELDS), set(SPECULATIVE_FIELDS) - set(FIELDS)

@@ -145,7 +145,7 @@ def test_content_parts_and_prefix_cache(client: openai.OpenAI) -> None:
 def test_errors_are_openai_error_objects(server: ServerProcess, client: openai.OpenAI) -> None:
     for bad in ({"temperature": 3.0}, {"top_p": 0.0}, {"n": 2}, {"max_tokens": 0}, {"top_logprobs": 3},
                 {"extra_body": {"method": "bogus"}}, {"extra_body": {"n_draft": 0, "method": "chain"}},
-                {"presence_penalty": 0.5}):
+                {"presence_penalty": 2.5}):
         with pytest.raises(openai.BadRequestError) as e:
             client.chat.completions.create(model="tiny", messages=MESSAGES, **{"max_tokens": 4, **bad})
         assert e.value.body["type"] == "invalid_request_error", bad

@@ -11,6 +11,7 @@
 #include "spec/drafter_registry.h"
 #include "spec/error.h"
 #include "spec/grammar.h"
+#include "spec/penalties.h"
 #include "spec/log.h"
 #include "spec/text_stream.h"
 #include "spec/tree.h"
@@ -73,6 +74,11 @@ struct Request {
     std::unique_ptr<ForcedText> forced;  // drafts of the text the grammar forces (grammar_drafts)
     bool grammar_draft = false;          // this step's draft came from `forced`, not the drafter
     std::vector<float> masked;        // [n_vocab] a row's logits after the grammar's mask
+    // A request with penalties or biases: the counts of its output so far, and one row's
+    // penalised logits (the tokens on that row's path, root first).
+    std::unique_ptr<PenaltyState> penalties;
+    std::vector<float> penalised;     // [n_vocab]
+    std::vector<int32_t> row_path;
 
     Request(const GenerateParams& p, Model& t, Drafter* d, Rng& r)
         : params(p), target(t), drafter(d), rng(r), text(p.stop) {}
@@ -104,6 +110,23 @@ void decode_draft(Request& req, std::vector<BatchToken>& batch) {
     req.target.decode(batch);
 }
 
+// Row r's logits as the request's sampling sees them: the target's, or with penalties and biases
+// a copy penalised for the output so far plus the draft tokens on the row's path. Valid until
+// the next call.
+const float* request_logits(Request& req, int32_t r) {
+    const float* logits = req.target.logits(r);
+    if (!req.penalties) return logits;
+    const int32_t n_vocab = req.target.n_vocab();
+    req.penalised.assign(logits, logits + n_vocab);
+    req.row_path.clear();
+    for (int32_t node = r - 1; node >= 0; node = req.parents[size_t(node)]) {
+        req.row_path.push_back(req.draft.tokens[size_t(node)]);
+    }
+    std::reverse(req.row_path.begin(), req.row_path.end());
+    req.penalties->apply(req.penalised.data(), n_vocab, req.row_path);
+    return req.penalised.data();
+}
+
 // Verifies the draft against target rows 0..n (row 0: the root, row i + 1: node i).
 TreeVerdict verify_step(Request& req) {
     const int32_t n = int32_t(req.draft.tokens.size());
@@ -117,9 +140,9 @@ TreeVerdict verify_step(Request& req) {
             int32_t& token = req.target_argmax[size_t(r)];
             if (token >= 0) return token;
             if (!req.grammar) {
-                token = argmax(req.target.logits(r), n_vocab);
+                token = argmax(request_logits(req, r), n_vocab);
             } else {
-                token = req.step_grammar.row(r).argmax(req.target.logits(r), n_vocab);
+                token = req.step_grammar.row(r).argmax(request_logits(req, r), n_vocab);
                 if (token < 0) throw InvalidArgumentError("the grammar allows no token after the output so far");
             }
             return token;
@@ -137,7 +160,7 @@ TreeVerdict verify_step(Request& req) {
     const TargetRowFn target_row = [&req, n_vocab, &params](int32_t r) -> const float* {
         std::vector<float>& row = req.row_probs[size_t(r)];
         if (!req.row_ready[size_t(r)]) {
-            const float* logits = req.target.logits(r);
+            const float* logits = request_logits(req, r);
             if (req.grammar) {
                 req.masked.assign(logits, logits + n_vocab);
                 req.step_grammar.row(r).mask(req.masked.data(), n_vocab);
@@ -193,6 +216,7 @@ bool commit_token(Request& req, int32_t token, const float* logits_row, const Te
     }
     req.committed.push_back(token);
     res.tokens.push_back(token);
+    if (req.penalties) req.penalties->push(token);
     const std::string piece = req.text.push(req.target.token_to_piece(token));
     if (!piece.empty() && on_text && !on_text(piece, res)) {
         res.finish_reason = "cancelled";
@@ -696,6 +720,7 @@ std::unique_ptr<Drafter> Engine::make_drafter(const GenerateParams& params) {
 
 void Engine::validate(const std::vector<int32_t>& prompt, const GenerateParams& params) const {
     spec::validate(params.sampling);
+    spec::validate(params.penalties, target_->n_vocab());
     if (prompt.empty()) throw InvalidArgumentError("prompt is empty");
     const int32_t n_ctx = target_->n_ctx();
     if (int32_t(prompt.size()) >= n_ctx) {
@@ -805,6 +830,7 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
             req.forced = std::make_unique<ForcedText>(*target_, *forced_chars_);
         }
     }
+    if (params.penalties.active()) req.penalties = std::make_unique<PenaltyState>(params.penalties, prompt);
     prefill(req, prompt);
     stats.t_prefill_ms = ms_since(t_start);
     // Hidden states after the prompt (llama.cpp would otherwise output every prompt row), and

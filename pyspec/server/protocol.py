@@ -28,7 +28,7 @@ SPECULATIVE_FIELDS = (
     "tree_nodes", "tree_depth", "tree_branching", "tree_expand", "beams", "beam_length",
     "pool", "pool_branches", "pool_phrase_len", "pool_max_nodes",
     "harvest_prompt", "harvest_generated", "harvest_verification",
-    "acceptance", "typical_epsilon", "typical_delta",
+    "acceptance", "typical_epsilon", "typical_delta", "repetition_penalty",
 )
 
 
@@ -91,11 +91,10 @@ class _SamplingRequest(BaseModel):
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    # Accepted when they ask for nothing: the target's sampling does not apply them (yet), and a
-    # request that asks for them is refused rather than served without them.
+    # Applied to the target's logits (GenerationConfig): exact under every method.
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = None  # token id (as a string, OpenAI's form) -> bias
     user: str | None = None
     response_format: ResponseFormat | None = None
 
@@ -104,13 +103,6 @@ class _SamplingRequest(BaseModel):
         unknown fields the request carries (ignored); strict: they are a 400 instead."""
         if self.n != 1:
             raise OpenAIError(400, f"n={self.n} is not supported: this server returns one choice (n=1)", param="n")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
-                raise OpenAIError(400, f"{name}={getattr(self, name)} is not supported: the target's sampling applies "
-                                       f"no penalties (send 0 or leave it out)", param=name)
-        if self.logit_bias:
-            raise OpenAIError(400, "logit_bias is not supported: the target's sampling applies no biases (send {} "
-                                   "or leave it out)", param="logit_bias")
         if isinstance(self.stop, list) and any(not s for s in self.stop) or self.stop == "":
             raise OpenAIError(400, "stop strings must not be empty", param="stop")
         unknown = sorted(set(self.model_extra or {}) - set(SPECULATIVE_FIELDS) - set(self._ignored_fields()))
@@ -135,6 +127,15 @@ class _SamplingRequest(BaseModel):
             options["stop"] = self.stop
         if self.seed is not None:
             options["seed"] = self.seed
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name) is not None:
+                options[name] = getattr(self, name)
+        if self.logit_bias:
+            try:
+                options["logit_bias"] = {int(token): bias for token, bias in self.logit_bias.items()}
+            except ValueError:
+                raise OpenAIError(400, "logit_bias keys must be token ids (integers as strings)",
+                                  param="logit_bias") from None
         for name, value in (self.model_extra or {}).items():
             if name in SPECULATIVE_FIELDS:
                 options[name] = value

@@ -22,6 +22,7 @@
 #include "spec/phrase_pool.h"
 #include "spec/rng.h"
 #include "spec/sampling.h"
+#include "spec/penalties.h"
 #include "spec/schedule.h"
 
 namespace spec {
@@ -60,6 +61,10 @@ struct GenerateParams {
     // With a grammar and a method that drafts: a step whose drafter proposes nothing drafts the
     // text the grammar forces (spec/grammar.h, ForcedText) instead.
     bool grammar_drafts = true;
+    // Penalties and biases on the target's logits (spec/penalties.h): every row is penalised for
+    // the output on its own path, so greedy output equals penalised plain decoding and sampled
+    // output follows the penalised distribution. Log-probabilities stay the target's own.
+    PenaltyParams penalties;
 };
 
 struct Stats {
