@@ -7,7 +7,7 @@ model or head stays on this machine. The engine side needs a libllama built with
 (`CMAKE_ARGS="-DGGML_RPC=on"` when pip builds llama-cpp-python); `rpc_supported()` says whether the
 one in use has it.
 
-`build_rpc_server` builds the server (~3 minutes on 2 cores, once), `find_rpc_server` finds it, and
+`build_rpc_server` builds the server (about a minute on 2 cores, once), `find_rpc_server` finds it, and
 `RpcServer` runs one as a child process (tests, benchmarks and `pyspec rpc-server`).
 """
 
@@ -55,7 +55,7 @@ def find_rpc_server(cache: Cache | None = None) -> Path:
     if not os.access(path, os.X_OK):
         where = f"${RPC_SERVER_ENV}" if given else "pyspec's build cache"
         raise RpcServerError(f"llama.cpp's {RPC_SERVER} not found at {path} ({where}); build it once with "
-                             "`pyspec rpc-server --build` (needs cmake and a C++ compiler, ~3 minutes on 2 cores)")
+                             "`pyspec rpc-server --build` (needs cmake and a C++ compiler, about a minute on 2 cores)")
     return path
 
 
