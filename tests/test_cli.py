@@ -55,6 +55,32 @@ def test_generate_errors_are_one_line(tiny_target: str, tmp_path: Path) -> None:
     assert p.returncode == 1 and "temperature" in p.stderr
 
 
+def test_generate_penalty_flags_reach_the_target(tiny_target: str, tiny_drafts: dict[str, str]) -> None:
+    """--logit-bias, --presence-penalty, --frequency-penalty and --repetition-penalty change the
+    greedy output as the same GenerationConfig fields do through the library."""
+    from pyspec import Engine
+
+    prompt = "def f():"
+    base = ["generate", "--target", tiny_target, "--draft", tiny_drafts["perturbed"], "--prompt", prompt,
+            "--max-tokens", "16", "--method", "chain", "--n-draft", "3", "--json"]
+    plain = json.loads(pyspec_cli(*base).stdout)["tokens"]
+    favourite = plain[0] + 1
+    biased = pyspec_cli(*base, "--logit-bias", f"{favourite}=100", "--logit-bias", f"{plain[0]}=-5")
+    assert biased.returncode == 0, biased.stderr
+    assert json.loads(biased.stdout)["tokens"] == [favourite] * 16
+    flags = ["--presence-penalty", "0.8", "--frequency-penalty", "0.4", "--repetition-penalty", "1.3"]
+    penalised = pyspec_cli(*base, *flags)
+    assert penalised.returncode == 0, penalised.stderr
+    with Engine(tiny_target) as engine:
+        expected = engine.generate(prompt, max_tokens=16, method="none", presence_penalty=0.8, frequency_penalty=0.4,
+                                   repetition_penalty=1.3).tokens
+    assert json.loads(penalised.stdout)["tokens"] == expected != plain
+    bad = pyspec_cli(*base, "--logit-bias", "7:1.5")
+    assert bad.returncode == 2 and "--logit-bias" in bad.stderr and "TOKEN=BIAS" in bad.stderr
+    out_of_range = pyspec_cli(*base, "--presence-penalty", "3")
+    assert out_of_range.returncode == 1 and "presence_penalty" in out_of_range.stderr
+
+
 class _EngineMade(Exception):
     """Raised by a recording Engine once it has the keyword arguments a command passed."""
 

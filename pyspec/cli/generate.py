@@ -10,7 +10,7 @@ from typing import Any
 
 from ..config import METHODS, GenerationConfig
 from .options import (add_engine_options, add_rpc_option, add_generation_options, add_ngram_option, add_stats_option, engine_options,
-                      read_prompt, stats_file_path)
+                      penalty_kwargs, read_prompt, stats_file_path)
 
 
 def _constraint(args: argparse.Namespace) -> dict[str, Any]:
@@ -46,7 +46,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             acceptance=args.acceptance, typical_epsilon=args.typical_epsilon, typical_delta=args.typical_delta,
             auto_max_depth=args.auto_max_depth, auto_max_nodes=args.auto_max_nodes,
             auto_max_gamma=args.auto_max_gamma, auto_draft_model=not args.auto_no_draft_model,
-            auto_head=not args.auto_no_head, **constraint,
+            auto_head=not args.auto_no_head, **penalty_kwargs(args), **constraint,
         )
         if args.json:
             result = engine.generate(prompt, **kwargs)

@@ -20,12 +20,40 @@ def add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-p", type=float, default=d.min_p)
     p.add_argument("--seed", type=int, default=None, help="seed for sampling")
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    p.add_argument("--presence-penalty", type=float, default=d.presence_penalty,
+                   help="subtracted from the logit of every token the output holds, in [-2, 2] (OpenAI's; default 0)")
+    p.add_argument("--frequency-penalty", type=float, default=d.frequency_penalty,
+                   help="subtracted times the token's count in the output, in [-2, 2] (OpenAI's; default 0)")
+    p.add_argument("--repetition-penalty", type=float, default=d.repetition_penalty,
+                   help="positive logits of tokens in the prompt or output divided by it, negative ones multiplied, "
+                        "in (0, 10] (CTRL's; default 1: off)")
+    p.add_argument("--logit-bias", action="append", default=None, type=logit_bias_item, metavar="TOKEN=BIAS",
+                   help="add BIAS (in [-100, 100]) to token id TOKEN's logit (repeatable)")
     p.add_argument("--n-draft", type=int, default=d.n_draft,
                    help="longest draft per step (default: " + ", ".join(f"{m} {n}" for m, n in DEFAULT_N_DRAFT.items()) + ")")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--n-ctx", type=int, default=4096)
     p.add_argument("--n-gpu-layers", type=int, default=None,
                    help="layers to offload, -1 all (GPU builds only; default $PYSPEC_N_GPU_LAYERS, else 0)")
+
+
+def logit_bias_item(text: str) -> tuple[int, float]:
+    """--logit-bias's TOKEN=BIAS: a token id and the bias added to its logit."""
+    token, sep, bias = text.partition("=")
+    try:
+        if not sep:
+            raise ValueError
+        return int(token), float(bias)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected TOKEN=BIAS with an integer token id and a number, got {text!r}") from None
+
+
+def penalty_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """GenerationConfig's penalty fields from add_generation_options' flags (a repeated token: the
+    last bias given)."""
+    return dict(presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+                repetition_penalty=args.repetition_penalty,
+                logit_bias=dict(args.logit_bias) if args.logit_bias else None)
 
 
 def add_engine_options(p: argparse.ArgumentParser) -> None:
