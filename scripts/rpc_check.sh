@@ -14,7 +14,7 @@ VENV=${1:-.venv-rpc}
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 . "$VENV/bin/activate"
 pip install -q ".[test]"
-if ! python -c 'import sys, pyspec; sys.exit(0 if pyspec.rpc_supported() else 1)'; then
+if ! python -P -c 'import sys, pyspec; sys.exit(0 if pyspec.rpc_supported() else 1)'; then
     # --no-cache-dir: build it with RPC now, and leave pip's cached (CPU-only) wheel alone
     CMAKE_ARGS="-DGGML_RPC=on" pip install -q --force-reinstall --no-cache-dir --no-deps "llama-cpp-python==0.3.36"
 fi
