@@ -285,6 +285,34 @@ def long_qa_prompts(records: list[dict[str, Any]]) -> Iterator[Prompt]:
         yield _long_prompt("longqa", i, module, target, kind, LONG_QUESTIONS[kind].format(name=target["entry_point"]))
 
 
+# Long prose prompts: ShareGPT first turns that paste a text (an article, a job offer, notes) and
+# ask for a summary, answers or a rewrite. LONG_TEXT_CHARS of mostly letters make 600-1,900 Qwen2.5
+# tokens with the chat template (tests/test_data.py checks the range with the real tokenizer);
+# LONG_TEXT_PROSE and LONG_TEXT_CODE_CHARS keep out pasted code and tables.
+LONG_TEXT_CHARS = (3200, 10000)
+LONG_TEXT_PROSE = 0.93  # least share of letters and whitespace
+LONG_TEXT_CODE_CHARS = 10  # most of the characters "{}=;<>|"
+
+
+def long_text_prompts(records: Iterator[dict[str, Any]]) -> Iterator[Prompt]:
+    """The first LONG_PROMPTS ShareGPT first turns of LONG_TEXT_CHARS characters of prose, in the
+    file's order."""
+    n = 0
+    for p in sharegpt_prompts(records):
+        text = p.text
+        if not LONG_TEXT_CHARS[0] <= len(text) <= LONG_TEXT_CHARS[1]:
+            continue
+        if sum(c.isalpha() or c.isspace() for c in text) < LONG_TEXT_PROSE * len(text):
+            continue
+        if sum(text.count(c) for c in "{}=;<>|") > LONG_TEXT_CODE_CHARS:
+            continue
+        yield Prompt(id=p.id.replace("sharegpt/", "longtext/", 1), suite="longtext", text=text,
+                     messages=p.messages, meta=p.meta)
+        n += 1
+        if n == LONG_PROMPTS:
+            return
+
+
 @dataclass(frozen=True)
 class Suite:
     name: str
@@ -310,6 +338,9 @@ SUITES: dict[str, Suite] = {
               "(1.6k-2.3k tokens), 40 prompts", read_jsonl, long_edit_prompts),
         Suite("longqa", "humaneval", "a question about one function of a long module of HumanEval "
               "tasks (1.6k-2.3k tokens), 40 prompts", read_jsonl, long_qa_prompts),
+        Suite("longtext", "sharegpt", "a pasted text to summarise, answer about or rewrite: ShareGPT "
+              "first turns of 3.2k-10k characters of prose (600-1.9k tokens), 40 prompts", iter_json_array,
+              long_text_prompts),
     )
 }
 

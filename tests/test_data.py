@@ -258,10 +258,34 @@ def test_long_suite_windows_wrap_and_stop_at_all_tasks(tmp_path: Path) -> None:
         assert all(p.text.count(f"def f{i}(") == 1 for i in range(len(HUMANEVAL)))
 
 
+def test_long_text_suite_keeps_long_prose_first_turns(tmp_path: Path) -> None:
+    prose = ("The committee met on Tuesday to discuss the budget and the new hiring plan. " * 60).strip()
+    code = "def f(x):\n    return {x: x}; y = x < 2\n" * 80
+    table = "| a | b | c |\n" * 300
+    conversations = [
+        {"id": "short", "conversations": [{"from": "human", "value": "Summarise: " + prose[:500]}]},
+        {"id": "code", "conversations": [{"from": "human", "value": code}]},
+        {"id": "table", "conversations": [{"from": "human", "value": table}]},
+        {"id": "reply_first", "conversations": [{"from": "gpt", "value": prose}]},
+        {"id": "too_long", "conversations": [{"from": "human", "value": prose * 4}]},
+    ] + [{"id": f"text{i}", "conversations": [{"from": "human", "value": f"Text {i}: {prose}\nSummarise it."},
+                                             {"from": "gpt", "value": f"Summary {i}."}]}
+         for i in range(data.LONG_PROMPTS + 5)]
+    path = tmp_path / "sharegpt.json"
+    path.write_text(json.dumps(conversations))
+    prompts = load_suite_file("longtext", path)
+    assert [p.id for p in prompts] == [f"longtext/text{i}" for i in range(data.LONG_PROMPTS)]
+    for i, p in enumerate(prompts):
+        assert p.suite == "longtext" and p.messages == [{"role": "user", "content": p.text}]
+        assert data.LONG_TEXT_CHARS[0] <= len(p.text) <= data.LONG_TEXT_CHARS[1]
+        assert p.meta["answer"] == f"Summary {i}."
+
+
 @pytest.mark.model
 def test_real_long_suites_fit_the_context(tmp_path: Path) -> None:
-    """>= 20 prompts of >= 1,500 Qwen tokens (chat template applied), all fitting n_ctx 4096 with
-    192 new tokens and the 64 tokens llama-speculative-simple may draft past them."""
+    """>= 20 prompts of >= 1,500 Qwen tokens (chat template applied; longtext: 40 of >= 600), all
+    fitting n_ctx 4096 with 192 new tokens and the 64 tokens llama-speculative-simple may draft past
+    them."""
     from pyspec import Engine
 
     with Engine("qwen2.5-coder-1.5b-instruct", n_ctx=512, n_threads=2) as engine:
@@ -270,3 +294,7 @@ def test_real_long_suites_fit_the_context(tmp_path: Path) -> None:
             lengths = [len(engine.prompt_tokens(p.messages)) for p in prompts]
             assert len(prompts) >= 20, suite
             assert min(lengths) >= 1500 and max(lengths) + 192 + 64 <= 4096, (suite, min(lengths), max(lengths))
+        prompts = load_suite("longtext")
+        lengths = [len(engine.prompt_tokens(p.messages)) for p in prompts]
+        assert len(prompts) == data.LONG_PROMPTS
+        assert min(lengths) >= 600 and max(lengths) + 192 + 64 <= 4096, ("longtext", min(lengths), max(lengths))
