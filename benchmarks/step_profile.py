@@ -13,7 +13,12 @@ Chains draft with the target itself as the draft model (every token accepted: ea
 exactly 1 + n_draft tokens); lookup drafts from a prompt that repeats a passage; trees use method
 tree with the target as the draft.
 
+`--no-graph-reuse` sets llama.cpp's LLAMA_GRAPH_REUSE_DISABLE=1 for the run: every decode then
+builds its compute graph anew, as a decode whose shape (tokens, output rows, sequences) differs
+from the previous one's always does; the difference from a normal run is what a shape change costs.
+
     python benchmarks/step_profile.py --model smollm2-135m-instruct --tokens 64
+    python benchmarks/step_profile.py --model smollm2-135m-instruct --tokens 64 --no-graph-reuse
     python benchmarks/step_profile.py --tiny --callgrind --tokens 32
 """
 
@@ -118,8 +123,12 @@ def main() -> None:
     ap.add_argument("--trace-top-k", type=int, default=0, help="the trace's top-k (0: no trace)")
     ap.add_argument("--callgrind", action="store_true", help="instructions per step under callgrind")
     ap.add_argument("--single", nargs=2, metavar=("METHOD", "N_DRAFT"), help=argparse.SUPPRESS)
+    ap.add_argument("--no-graph-reuse", action="store_true",
+                    help="llama.cpp builds every decode's graph anew (LLAMA_GRAPH_REUSE_DISABLE=1)")
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args()
+    if args.no_graph_reuse:
+        os.environ["LLAMA_GRAPH_REUSE_DISABLE"] = "1"  # read when a context is made; callgrind's child inherits it
     path = model_path(args)
     if args.single:
         with Engine(path, draft=path, n_ctx=2048, n_threads=args.threads) as engine:
@@ -138,7 +147,8 @@ def main() -> None:
     for row in rows:
         print(json.dumps(row))
     if args.json:
-        Path(args.json).write_text(json.dumps({"model": path, "tokens": args.tokens, "rows": rows}, indent=1) + "\n")
+        Path(args.json).write_text(json.dumps({"model": path, "tokens": args.tokens, "graph_reuse": not args.no_graph_reuse,
+                                               "rows": rows}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
