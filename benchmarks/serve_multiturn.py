@@ -1,7 +1,9 @@
 """Multi-turn conversations through OpenAI-compatible servers, side by side in one run: `pyspec
 serve` with its prefix cache, `pyspec serve --no-prefix-cache` (every turn re-processes the whole
-conversation), and llama-cpp-python's own server (`python -m llama_cpp.server`, which also keeps
-the KV cache of the previous prompt), all on the same GGUF with the same threads.
+conversation), llama-cpp-python's own server (`python -m llama_cpp.server`, which also keeps
+the KV cache of the previous prompt) and llama.cpp's `llama-server` with its defaults (slots,
+prompt cache), plain and with its own n-gram speculation, all on the same GGUF with the same
+threads.
 
 Conversations (each server generates its own answers, which become the next turn's history):
 - MT-Bench: the two turns of --mtbench questions, then --followups follow-up turns;
@@ -12,6 +14,8 @@ chunk; tokens counted with the model's tokenizer on the answer text, the same fo
 and end-to-end time.
 
     python benchmarks/serve_multiturn.py --threads 2 --json benchmarks/results/serve_multiturn.json
+    python -m pyspec.bench.llamacpp --server     # once: llama-server from the pinned llama.cpp
+    python benchmarks/serve_multiturn.py --servers pyspec,llama-server,llama-server-ngram --threads 2
 
 Needs the server extra, the openai client and llama-cpp-python's server extras:
 pip install "pyspec-engine[server]" openai "llama-cpp-python[server]==0.3.36".
@@ -22,10 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,12 +34,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 
+from pyspec.bench.child_server import ChildServer, llama_cpp_python_command, llama_server_command, pyspec_command
+from pyspec.bench.llamacpp import find_llama_server
 from pyspec.config import DEFAULT_DRAFT, DEFAULT_TARGET
 from pyspec.data import dataset_file, read_jsonl
 from pyspec.models import resolve_model
+from pyspec.rpc import free_port
 
 MTBENCH_CATEGORIES = ("coding", "writing", "reasoning", "math", "extraction", "humanities", "stem", "roleplay")
 FOLLOWUPS = (
@@ -92,46 +95,7 @@ def conversations(n_mtbench: int, n_followups: int, n_code: int, code_turns: int
     return out
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Server:
-    def __init__(self, name: str, command: list[str], port: int, log_dir: Path) -> None:
-        self.name = name
-        self.base_url = f"http://127.0.0.1:{port}"
-        self.log_path = log_dir / f"{name}.log"
-        self._log = open(self.log_path, "w")
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 600
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"{name} exited ({self.process.returncode}); see {self.log_path}")
-            try:
-                if httpx.get(self.base_url + "/v1/models", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"{name} did not start; see {self.log_path}")
-            time.sleep(0.5)
-        self.model = httpx.get(self.base_url + "/v1/models").json()["data"][0]["id"]
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self._log.close()
-
-
-def run_conversation(client: openai.OpenAI, server: Server, conv: Conversation, max_tokens: int,
+def run_conversation(client: openai.OpenAI, server: ChildServer, conv: Conversation, max_tokens: int,
                      count_tokens: Any) -> list[TurnRecord]:
     messages: list[dict[str, str]] = []
     records = []
@@ -141,8 +105,8 @@ def run_conversation(client: openai.OpenAI, server: Server, conv: Conversation, 
         t_first = None
         pieces: list[str] = []
         usage = None
-        # pyspec reports usage (with the cached prompt tokens) in a last chunk when asked.
-        extra = {"stream_options": {"include_usage": True}} if server.name.startswith("pyspec") else {}
+        # pyspec and llama-server report usage (with the cached prompt tokens) in a last chunk when asked.
+        extra = {"stream_options": {"include_usage": True}} if not server.name.startswith("llama-cpp-python") else {}
         stream = client.chat.completions.create(model=server.model, messages=messages, max_tokens=max_tokens,
                                                 temperature=0.0, stream=True, **extra)
         for chunk in stream:
@@ -171,17 +135,18 @@ def run_conversation(client: openai.OpenAI, server: Server, conv: Conversation, 
 
 
 def server_commands(args: argparse.Namespace, target: str, draft: str, port: int) -> dict[str, list[str]]:
-    py = sys.executable
-    pyspec = [py, "-m", "pyspec.cli", "serve", "--target", target, "--draft", draft, "--host", "127.0.0.1",
-              "--port", str(port), "--threads", str(args.threads), "--n-ctx", str(args.n_ctx),
-              "--method", args.method, "--model-name", "target"]
-    return {
+    pyspec = pyspec_command(target, draft, port, threads=args.threads, n_ctx=args.n_ctx, method=args.method)
+    commands = {
         "pyspec": pyspec,
         "pyspec-no-prefix-cache": pyspec + ["--no-prefix-cache"],
-        "llama-cpp-python": [py, "-m", "llama_cpp.server", "--model", target, "--host", "127.0.0.1",
-                             "--port", str(port), "--n_threads", str(args.threads), "--n_threads_batch",
-                             str(args.threads), "--n_ctx", str(args.n_ctx), "--model_alias", "target"],
+        "llama-cpp-python": llama_cpp_python_command(target, port, threads=args.threads, n_ctx=args.n_ctx),
     }
+    if any(name.startswith("llama-server") for name in args.servers.split(",")):
+        binary = find_llama_server()
+        commands["llama-server"] = llama_server_command(binary, target, port, threads=args.threads, n_ctx=args.n_ctx)
+        commands["llama-server-ngram"] = llama_server_command(binary, target, port, threads=args.threads,
+                                                              n_ctx=args.n_ctx, spec_type=args.llama_server_spec)
+    return commands
 
 
 def summarize(records: list[TurnRecord], servers: list[str]) -> dict[str, Any]:
@@ -213,7 +178,27 @@ def summarize(records: list[TurnRecord], servers: list[str]) -> dict[str, Any]:
         ratios["e2e_pyspec_vs_llama_cpp_python"] = {k: mine[k]["e2e_s_total"] / peer[k]["e2e_s_total"] for k in mine}
         ratios["ttft_turn2_on_pyspec_vs_llama_cpp_python"] = {
             k: mine[k]["ttft_s_turn2_on"] / peer[k]["ttft_s_turn2_on"] for k in mine if peer[k]["ttft_s_turn2_on"]}
+    if "pyspec" in table:
+        mine = table["pyspec"]
+        for peer_name in ("llama-server", "llama-server-ngram"):
+            if peer_name not in table:
+                continue
+            peer = table[peer_name]
+            ratios[f"ttft_turn2_on_pyspec_vs_{peer_name}"] = {
+                k: mine[k]["ttft_s_turn2_on"] / peer[k]["ttft_s_turn2_on"] for k in mine
+                if k in peer and peer[k]["ttft_s_turn2_on"]}
+            ratios[f"e2e_pyspec_vs_{peer_name}"] = {k: mine[k]["e2e_s_total"] / peer[k]["e2e_s_total"]
+                                                   for k in mine if k in peer}
+            ratios[f"decode_pyspec_vs_{peer_name}"] = {
+                k: _mean_decode(records, "pyspec", k) / _mean_decode(records, peer_name, k) for k in mine
+                if k in peer and _mean_decode(records, peer_name, k)}
     return {"by_server": table, "ratios": ratios}
+
+
+def _mean_decode(records: list[TurnRecord], server: str, kind: str) -> float:
+    """Mean decode tokens/s over a server's turns of one kind that produced more than one token."""
+    values = [r.decode_tokens_per_s for r in records if r.server == server and r.kind == kind and r.completion_tokens > 1]
+    return statistics.fmean(values) if values else 0.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -228,7 +213,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--followups", type=int, default=1, help=f"turns after MT-Bench's two (<= {len(FOLLOWUPS)})")
     p.add_argument("--code", type=int, default=4, help="code sessions (default 4)")
     p.add_argument("--code-turns", type=int, default=4, help=f"turns per code session (<= {len(CODE_TURNS)})")
-    p.add_argument("--servers", default="pyspec,pyspec-no-prefix-cache,llama-cpp-python")
+    p.add_argument("--servers", default="pyspec,pyspec-no-prefix-cache,llama-cpp-python",
+                   help="comma-separated: pyspec, pyspec-no-prefix-cache, llama-cpp-python, llama-server (llama.cpp's, "
+                        "built by `python -m pyspec.bench.llamacpp --server`), llama-server-ngram (the same with "
+                        "--llama-server-spec)")
+    p.add_argument("--llama-server-spec", default="ngram-mod",
+                   help="llama-server-ngram's --spec-type (default ngram-mod)")
     p.add_argument("--json", default=None, help="write every turn's record and the summary here")
     args = p.parse_args(argv)
 
@@ -247,7 +237,10 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = Path(tempfile.mkdtemp(prefix="pyspec-serve-bench-"))
     for name in names:
         port = free_port()
-        server = Server(name, server_commands(args, target, draft, port)[name], port, log_dir)
+        commands = server_commands(args, target, draft, port)
+        if name not in commands:
+            raise SystemExit(f"unknown server {name!r}; known: {', '.join(commands)}")
+        server = ChildServer(name, commands[name], port, log_dir)
         try:
             client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=1800)
             # Warm-up (not timed): first-use allocations; pyspec measures its cost curves if missing.

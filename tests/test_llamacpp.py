@@ -179,6 +179,28 @@ def test_build_reuses_built_tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert llamacpp.build_tools(cache) == built
 
 
+def test_llama_server_is_found_built_or_explained(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv(llamacpp.SERVER_ENV, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-path"))  # no cmake: a build would fail
+    cache = Cache(tmp_path / "cache")
+    with pytest.raises(LlamaCppToolsMissing, match=r"llama-server not found at .*/server/llama-server .*--server"):
+        llamacpp.find_llama_server(cache)
+    with pytest.raises(LlamaCppToolsError, match="cmake"):
+        llamacpp.build_llama_server(cache)
+    monkeypatch.setenv("PYSPEC_CACHE", str(tmp_path / "cache"))
+    assert llamacpp.main(["--server"]) == 1
+    assert "llama.cpp llama-server not built: cannot build" in capsys.readouterr().err
+    server = llamacpp.server_dir(cache) / llamacpp.SERVER
+    server.parent.mkdir(parents=True)
+    server.write_text("#!/bin/sh\n")
+    server.chmod(0o755)
+    assert llamacpp.build_llama_server(cache) == server == llamacpp.find_llama_server(cache)
+    monkeypatch.setenv(llamacpp.SERVER_ENV, str(tmp_path / "missing"))
+    with pytest.raises(LlamaCppToolsMissing, match=r"\$PYSPEC_LLAMA_SERVER"):
+        llamacpp.find_llama_server(cache)
+
+
 def test_a_corrupt_cached_sdist_is_replaced_and_a_failed_download_explained(tmp_path: Path) -> None:
     packages = tmp_path / "packages"
     packages.mkdir()

@@ -102,6 +102,28 @@ def find_tools(bin_dir: str | os.PathLike[str] | None = None, cache: Cache | Non
     return directory
 
 
+SERVER = "llama-server"
+SERVER_ENV = "PYSPEC_LLAMA_SERVER"
+
+
+def server_dir(cache: Cache | None = None) -> Path:
+    """Where build_llama_server puts llama-server: beside the tools, in ``../server``."""
+    return tools_dir(cache).parent / "server"
+
+
+def find_llama_server(cache: Cache | None = None) -> Path:
+    """``$PYSPEC_LLAMA_SERVER`` if set, else the cache's build of llama.cpp's llama-server (the
+    server benchmarks' peer). Raises LlamaCppToolsMissing saying how to build it."""
+    given = os.environ.get(SERVER_ENV)
+    path = Path(given).expanduser() if given else server_dir(cache) / SERVER
+    if not os.access(path, os.X_OK):
+        where = f"${SERVER_ENV}" if given else "pyspec's build cache"
+        raise LlamaCppToolsMissing(f"llama.cpp's {SERVER} not found at {path} ({where}); build it once with "
+                                   "`python -m pyspec.bench.llamacpp --server` (needs cmake and a C++ compiler, "
+                                   "a few minutes on 2 cores)")
+    return path
+
+
 # -- building ------------------------------------------------------------------------------------
 
 
@@ -199,6 +221,12 @@ def build_tools(cache: Cache | None = None, *, jobs: int | None = None, force: b
     return build_targets(TOOLS, tools_dir(cache), cache, jobs=jobs, force=force, pip_args=pip_args)
 
 
+def build_llama_server(cache: Cache | None = None, *, jobs: int | None = None, force: bool = False) -> Path:
+    """Builds llama-server from the pinned sdist into server_dir(cache) unless it is there (or
+    force); returns its path. Errors as build_tools'."""
+    return build_targets((SERVER,), server_dir(cache), cache, jobs=jobs, force=force) / SERVER
+
+
 def build_targets(targets: Sequence[str], final: Path, cache: Cache | None = None, *, options: Sequence[str] = (),
                   jobs: int | None = None, force: bool = False, pip_args: Sequence[str] | None = None) -> Path:
     """Builds llama.cpp's executables `targets` (CMAKE_OPTIONS plus `options`, without AMX on AMX
@@ -246,12 +274,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{LLAMA_CPP_PYTHON_VERSION} sdist) into pyspec's cache, for `pyspec bench`'s llama.cpp peers."))
     parser.add_argument("--jobs", "-j", type=int, default=None, help="parallel compile jobs (default: all cores)")
     parser.add_argument("--force", action="store_true", help="rebuild even if the tools are there")
+    parser.add_argument("--server", action="store_true",
+                        help=f"build {SERVER} instead (the server benchmarks' peer), into {server_dir()}")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
+        if args.server:
+            print(build_llama_server(jobs=args.jobs, force=args.force))
+            return 0
         directory = build_tools(jobs=args.jobs, force=args.force)
     except LlamaCppToolsError as e:
-        print(f"llama.cpp tools not built: {e}", file=sys.stderr)
+        print(f"llama.cpp {SERVER if args.server else 'tools'} not built: {e}", file=sys.stderr)
         return 1
     print(directory)
     return 0
