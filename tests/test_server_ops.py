@@ -212,6 +212,41 @@ def test_shutdown_saves_before_a_stuck_distiller_and_keeps_its_deadline(tiny_tar
     assert (tmp_path / "pool.bin").exists() and (tmp_path / "stats.json").exists()
 
 
+def test_sigterm_during_a_real_online_update_saves_within_the_deadline(tiny_target: str, tiny_drafts: dict[str, str],
+                                                                      tmp_path: Path) -> None:
+    """A real server distilling its draft gets SIGTERM while an update runs, as a supervisor sends
+    it; the supervisor kills it if it is still alive past --shutdown-timeout. The pool and the
+    statistics must be on disk, and the server must have exited by itself before the kill."""
+    deadline_s = 6.0
+    pool, stats = tmp_path / "pool.bin", tmp_path / "stats.json"
+    proc = ServerProcess("--target", tiny_target, "--draft", tiny_drafts["perturbed"], "--n-ctx", "512",
+                         "--threads", "1", "--method", "ouroboros", "--online", "--online-interval", "2",
+                         "--online-work-dir", str(tmp_path / "drafts"), "--pool-file", str(pool),
+                         "--stats-file", str(stats), "--shutdown-timeout", str(deadline_s), log_path=tmp_path / "s.log")
+    try:
+        c = _client(proc)
+        started = time.monotonic()
+        i = 0
+        while proc.metric("pyspec_online_updating") < 1:
+            assert time.monotonic() - started < 120, "no online update started\n" + proc.log()
+            c.completions.create(model="tiny", prompt=f"def f{i}(x):\n    return x * {i}\n", max_tokens=24, **GREEDY)
+            i += 1
+        t0 = time.monotonic()
+        proc.process.send_signal(signal.SIGTERM)
+        try:
+            proc.process.wait(deadline_s + 2.0)
+            killed = False
+        except Exception:  # subprocess.TimeoutExpired: what a supervisor's SIGKILL would meet
+            proc.process.kill()
+            proc.process.wait()
+            killed = True
+        took = time.monotonic() - t0
+    finally:
+        proc.stop()
+    assert not killed and took <= deadline_s + 1.0, f"shutdown took {took:.1f} s\n" + proc.log()
+    assert pool.stat().st_size > 0 and json.loads(stats.read_text(encoding="utf-8")), proc.log()
+
+
 def test_tokenizing_releases_the_gil(tiny_target: str) -> None:
     """A long tokenization on another thread leaves this one running (the event loop's case)."""
     with pyspec.Engine(tiny_target, n_ctx=256, n_threads=1) as engine:
