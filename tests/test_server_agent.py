@@ -1,7 +1,8 @@
 """An agent loop through the `openai` client against `pyspec serve` on the real Qwen2.5-Coder pair
 (marked `model`): the model calls two tools in turn, the second with the first one's result,
 their results go back as `tool` messages, and the loop ends with a reply without calls. The calls come through Qwen2.5's own Jinja
-template and tool_choice "auto" (the output is parsed, not constrained)."""
+template and tool_choice "auto" (the output is parsed, not constrained). The same task through
+LangChain's ChatOpenAI with bound tools, an agent framework's own client."""
 
 from __future__ import annotations
 
@@ -32,12 +33,17 @@ def run_tool(name: str, args: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory):
+def server(tmp_path_factory: pytest.TempPathFactory):
     log = tmp_path_factory.mktemp("agent") / "server.log"
     proc = ServerProcess("--target", "qwen2.5-coder-1.5b-instruct", "--draft", "qwen2.5-coder-0.5b-instruct",
                          "--n-ctx", "4096", "--model-name", "coder", log_path=log, timeout=300)
-    yield openai.OpenAI(base_url=proc.base_url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    yield proc
     assert proc.stop() == 0, proc.log()
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=300)
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -76,3 +82,28 @@ def test_an_agent_calls_two_tools_and_answers(client: openai.OpenAI, stream: boo
     # was empty when this test was written; the tools and their arguments are what it checks.)
     assert not calls and finish == "stop", (content, finish)
     assert [name for name, _ in called] == ["get_weather", "celsius_to_fahrenheit"], called
+
+
+def test_a_langchain_agent_calls_two_tools(server: ServerProcess) -> None:
+    """The same task through an agent framework's own OpenAI client (LangChain's ChatOpenAI with
+    bound tools), as an application built on it would talk to the server."""
+    from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(base_url=server.base_url + "/v1", api_key="unused", model="gpt-4o-mini", temperature=0,
+                     max_tokens=200, max_retries=0, timeout=300).bind_tools(TOOLS)
+    messages = [SystemMessage("You are a helpful assistant. Use the tools to answer."),
+                HumanMessage("What is the temperature in Oslo right now, in degrees Fahrenheit?")]
+    called = []
+    for _ in range(4):
+        reply = llm.invoke(messages)
+        messages.append(reply)
+        if not reply.tool_calls:
+            break
+        for call in reply.tool_calls:
+            called.append((call["name"], call["args"]))
+            messages.append(ToolMessage(json.dumps(run_tool(call["name"], call["args"])), tool_call_id=call["id"]))
+    assert [name for name, _ in called] == ["get_weather", "celsius_to_fahrenheit"], called
+    assert dict(called)["get_weather"]["city"].lower().startswith("oslo")
+    assert float(dict(called)["celsius_to_fahrenheit"]["celsius"]) == 4
+    assert not reply.tool_calls
