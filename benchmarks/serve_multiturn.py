@@ -36,9 +36,9 @@ from typing import Any
 
 import openai
 
-from pyspec.bench.child_server import ChildServer, llama_cpp_python_command, llama_server_command, pyspec_command
+from pyspec.bench.child_server import (ChildServer, add_server_bench_options, llama_cpp_python_command,
+                                       llama_server_command, pyspec_command)
 from pyspec.bench.llamacpp import find_llama_server
-from pyspec.config import DEFAULT_DRAFT, DEFAULT_TARGET
 from pyspec.data import dataset_file, read_jsonl
 from pyspec.models import resolve_model
 from pyspec.rpc import free_port
@@ -197,16 +197,14 @@ def summarize(records: list[TurnRecord], servers: list[str]) -> dict[str, Any]:
 
 def _mean_decode(records: list[TurnRecord], server: str, kind: str) -> float:
     """Mean decode tokens/s over a server's turns of one kind that produced more than one token."""
-    values = [r.decode_tokens_per_s for r in records if r.server == server and r.kind == kind and r.completion_tokens > 1]
+    values = [r.decode_tokens_per_s for r in records
+              if r.server == server and r.kind == kind and r.completion_tokens > 1]
     return statistics.fmean(values) if values else 0.0
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", default=DEFAULT_TARGET)
-    p.add_argument("--draft", default=DEFAULT_DRAFT)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--n-ctx", type=int, default=4096)
+    add_server_bench_options(p)
     p.add_argument("--method", default="auto", help="pyspec's method (default auto)")
     p.add_argument("--max-tokens", type=int, default=128, help="most tokens per answer (default 128)")
     p.add_argument("--mtbench", type=int, default=6, help="MT-Bench conversations (default 6)")

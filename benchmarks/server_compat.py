@@ -30,9 +30,8 @@ from typing import Any, Callable
 
 import httpx
 
-from pyspec.bench.child_server import ChildServer, llama_server_command, pyspec_command
+from pyspec.bench.child_server import ChildServer, add_server_bench_options, llama_server_command, pyspec_command
 from pyspec.bench.llamacpp import find_llama_server
-from pyspec.config import DEFAULT_DRAFT, DEFAULT_TARGET
 from pyspec.rpc import free_port
 
 QUESTION = "Name three primary colours."
@@ -349,10 +348,7 @@ def table(outcomes: list[Outcome], servers: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", default=DEFAULT_TARGET)
-    p.add_argument("--draft", default=DEFAULT_DRAFT)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--n-ctx", type=int, default=4096)
+    add_server_bench_options(p)
     p.add_argument("--servers", default="pyspec,llama-server",
                    help="comma-separated: pyspec, llama-server (default both)")
     p.add_argument("--url", default=None, help="replay against a server already running here instead")

@@ -4,6 +4,7 @@ GGUF with the same threads and context."""
 
 from __future__ import annotations
 
+import argparse
 import signal
 import subprocess
 import sys
@@ -63,6 +64,16 @@ class ChildServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def add_server_bench_options(p: argparse.ArgumentParser) -> None:
+    """--target, --draft, --threads and --n-ctx: what every server of a server benchmark shares."""
+    from ..config import DEFAULT_DRAFT, DEFAULT_TARGET
+
+    p.add_argument("--target", default=DEFAULT_TARGET, help=f"registry name or GGUF path (default {DEFAULT_TARGET})")
+    p.add_argument("--draft", default=DEFAULT_DRAFT, help=f"pyspec's draft model (default {DEFAULT_DRAFT}; '' none)")
+    p.add_argument("--threads", type=int, default=2, help="threads of every server (default 2)")
+    p.add_argument("--n-ctx", type=int, default=4096, help="context of every server (default 4096)")
 
 
 def pyspec_command(target: str, draft: str | None, port: int, *, threads: int, n_ctx: int, method: str = "auto",

@@ -45,7 +45,8 @@ def logit_bias_item(text: str) -> tuple[int, float]:
             raise ValueError
         return int(token), float(bias)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected TOKEN=BIAS with an integer token id and a number, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected TOKEN=BIAS with an integer token id and a number, got {text!r}") from None
 
 
 def penalty_kwargs(args: argparse.Namespace) -> dict[str, Any]:
