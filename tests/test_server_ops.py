@@ -9,6 +9,7 @@ import asyncio
 import importlib.util
 import json
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -236,7 +237,7 @@ def test_sigterm_during_a_real_online_update_saves_within_the_deadline(tiny_targ
         try:
             proc.process.wait(deadline_s + 2.0)
             killed = False
-        except Exception:  # subprocess.TimeoutExpired: what a supervisor's SIGKILL would meet
+        except subprocess.TimeoutExpired:  # still alive: what a supervisor's SIGKILL would meet
             proc.process.kill()
             proc.process.wait()
             killed = True
