@@ -62,8 +62,12 @@ class Case:
     method: str
     path: str
     body: dict[str, Any] | None
-    check: Callable[[dict[str, Any], dict[str, Any] | None], str | None]  # reply, request -> why it fails
-    stream: bool = False
+    # (reply, request) -> why it fails, None when it passes; a stream's reply is its chunks
+    check: Callable[[Any, dict[str, Any] | None], str | None]
+
+    @property
+    def stream(self) -> bool:
+        return bool(self.body and self.body.get("stream"))
 
 
 def _message(reply: dict[str, Any]) -> dict[str, Any]:
@@ -165,7 +169,7 @@ def check_models(reply: dict[str, Any], body: dict[str, Any] | None) -> str | No
 
 
 def check_health(reply: dict[str, Any], body: dict[str, Any] | None) -> str | None:
-    return None
+    return None  # the 200 itself is the answer (run_case checks the status of every case)
 
 
 def check_tokenize(reply: dict[str, Any], body: dict[str, Any] | None) -> str | None:
@@ -233,7 +237,7 @@ def cases() -> list[Case]:
               "logprobs": True, "top_logprobs": 2}, check_logprobs),
         Case("chat, stream with usage", "chat UIs", "POST", "/v1/chat/completions",
              {"model": "target", "messages": chat, "max_tokens": 32, "temperature": 0, "stream": True,
-              "stream_options": {"include_usage": True}}, check_chat, stream=True),
+              "stream_options": {"include_usage": True}}, check_stream),
         Case("json_object", "'give me JSON' apps", "POST", "/v1/chat/completions",
              {"model": "target", "max_tokens": 96, "temperature": 0, "response_format": {"type": "json_object"},
               "messages": [{"role": "user", "content": "Reply with a JSON object with keys colour and hex for red."}]},
@@ -260,7 +264,7 @@ def cases() -> list[Case]:
                  {"role": "tool", "tool_call_id": "call_1", "content": "{\"temperature_c\": 18, \"sky\": \"clear\"}"}]},
              check_chat),
         Case("tools, streamed required call", "agent frameworks", "POST", "/v1/chat/completions",
-             {"model": "target", **tools_body, "tool_choice": "required", "stream": True}, check_chat, stream=True),
+             {"model": "target", **tools_body, "tool_choice": "required", "stream": True}, check_stream),
         Case("completion, prompt and stop", "legacy completions", "POST", "/v1/completions",
              {"model": "target", "prompt": "def add(a, b):\n", "max_tokens": 32, "temperature": 0, "stop": ["\ndef "]},
              check_completion),
@@ -269,7 +273,7 @@ def cases() -> list[Case]:
               "max_tokens": 24, "temperature": 0}, check_completion),
         Case("completion, stream", "editor assistants", "POST", "/v1/completions",
              {"model": "target", "prompt": "def add(a, b):\n", "max_tokens": 24, "temperature": 0, "stream": True},
-             check_completion, stream=True),
+             check_stream),
         Case("models", "every client", "GET", "/v1/models", None, check_models),
         Case("health", "llama.cpp clients, load balancers", "GET", "/health", None, check_health),
         Case("tokenize", "llama.cpp clients", "POST", "/tokenize", {"content": "Hello, world"}, check_tokenize),
@@ -294,7 +298,7 @@ def run_case(client: httpx.Client, base_url: str, server: str, case: Case) -> Ou
                         done = True
                         break
                     chunks.append(json.loads(data))
-            why = check_stream(chunks, case.body) if done else "the stream ended without [DONE]"
+            why = case.check(chunks, case.body) if done else "the stream ended without [DONE]"
             return Outcome(case.name, server, 200, why is None, why or f"{len(chunks)} chunks")
         reply = client.request(case.method, url, json=case.body)
         if reply.status_code != 200:
