@@ -44,6 +44,7 @@ _FLOAT_FIELDS = {"temperature", "top_p", "min_p", "typical_epsilon", "typical_de
 _STR_FIELDS = {"draft", "acceptance", "grammar_root"}
 _OPTIONAL_STR_FIELDS = {"method", "grammar"}
 _OPTIONAL_INT_FIELDS = {"n_draft", "seed", "logprobs"}
+_OPTIONAL_BOOL_FIELDS = {"backend_argmax"}
 
 
 def _describe(value: Any) -> str:
@@ -81,9 +82,10 @@ def _check_field(name: str, value: Any) -> None:
             if isinstance(bias, (bool, np.bool_)) or not isinstance(bias, numbers.Real):
                 raise TypeError(f"GenerationConfig.logit_bias[{token}] must be a number, got {_describe(bias)}")
         return
-    if value is None and (name in _OPTIONAL_STR_FIELDS or name in _OPTIONAL_INT_FIELDS or name == "stop"):
+    if value is None and (name in _OPTIONAL_STR_FIELDS or name in _OPTIONAL_INT_FIELDS or name in _OPTIONAL_BOOL_FIELDS
+                          or name == "stop"):
         return
-    if name in _BOOL_FIELDS:
+    if name in _BOOL_FIELDS or name in _OPTIONAL_BOOL_FIELDS:
         if not isinstance(value, (bool, np.bool_)):
             raise TypeError(f"GenerationConfig.{name} must be a bool, got {_describe(value)}")
     elif name in _FLOAT_FIELDS:
@@ -157,8 +159,14 @@ class GenerationConfig:
     acceptance: "exact" (rejection sampling: the target's distribution) or "typical" (Medusa's
     typical acceptance with typical_epsilon / typical_delta: LOSSY, faster acceptance of
     plausible drafts; only used when temperature > 0).
-    trace_top_k: target top-k kept at each rejected position (0: no trace).
+    trace_top_k: the result's trace records every step; k > 0 adds the target's top-k (and its
+    probability of the rejected token) at each rejected position (0: steps only).
     return_logits: keep the target's logits row behind every generated token (result.logits).
+    backend_argmax: a greedy request that reads nothing of the target's rows but their argmax
+    (no logprobs, return_logits, trace_top_k, grammar or penalties) can take it on the target's
+    backend (llama.cpp's backend sampling): the same tokens, no logits rows copied to the host.
+    None: where the target's output layer runs off the CPU (a GPU, RPC servers); True: always
+    (where the request allows it); False: never.
     logprobs: None (off, nothing computed) or k >= 0: result.logprobs holds each generated
     token's log-probability under the target's own distribution (log softmax of the row it was
     chosen from at temperature 1, before top_k / top_p / min_p) and the k likeliest tokens of
@@ -224,8 +232,9 @@ class GenerationConfig:
     acceptance: str = "exact"
     typical_epsilon: float = 0.09
     typical_delta: float = 0.3
-    trace_top_k: int = 32
+    trace_top_k: int = 0
     return_logits: bool = False
+    backend_argmax: bool | None = None
     logprobs: int | None = None
     grammar: str | None = None
     grammar_root: str = "root"
@@ -300,6 +309,7 @@ class GenerationConfig:
         p.seed = None if self.seed is None else int(self.seed)
         p.trace_top_k = int(self.trace_top_k)
         p.return_logits = bool(self.return_logits)
+        p.backend_argmax = -1 if self.backend_argmax is None else int(bool(self.backend_argmax))
         p.logprobs = -1 if self.logprobs is None else int(self.logprobs)
         if self.grammar is not None and self.json_schema is not None:
             raise InvalidArgumentError("give grammar or json_schema, not both")

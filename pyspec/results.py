@@ -36,6 +36,7 @@ class GenerationStats:
     t_other_ms: float
     t_total_ms: float
     t_target_ms: float = 0.0  # part of t_verify_ms: the target decodes (the rest is host work)
+    backend_argmax: bool = False  # the target's rows' argmax was taken on its backend (no rows on the host)
 
     @classmethod
     def _from_core(cls, s: Any) -> "GenerationStats":
@@ -64,6 +65,7 @@ class GenerationStats:
             t_other_ms=s.t_other_ms,
             t_total_ms=s.t_total_ms,
             t_target_ms=s.t_target_ms,
+            backend_argmax=bool(s.backend_argmax),
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -80,8 +80,8 @@ def test_every_generation_setting_is_a_server_field() -> None:
     # Set by OpenAI's own request fields (max_tokens, temperature, top_p, stop, seed, logprobs).
     openai = {"max_tokens", "temperature", "top_p", "stop", "seed", "logprobs", "presence_penalty", "frequency_penalty",
               "logit_bias"}
-    # Library-only outputs with no place in an HTTP response.
-    library_only = {"trace_top_k", "return_logits"}
+    # Library-only outputs with no place in an HTTP response, and how the engine reads rows.
+    library_only = {"trace_top_k", "return_logits", "backend_argmax"}
     assert set(SPECULATIVE_FIELDS) <= set(FIELDS), set(SPECULATIVE_FIELDS) - set(FIELDS)
     missing = set(FIELDS) - set(SPECULATIVE_FIELDS) - openai - library_only
     assert not missing, f"GenerationConfig fields a server request cannot set: {sorted(missing)}"

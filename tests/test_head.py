@@ -211,6 +211,17 @@ def test_redrafter_greedy_equals_plain(head_engine, beams: int, length: int) -> 
         assert spec.head_version == head_engine.head_version > 0
 
 
+def test_redrafter_with_backend_argmax_equals_plain(head_engine) -> None:
+    """The head reads the target's hidden states while the target's rows' argmax is taken on the
+    backend (hidden output makes every batch token an output row of its sequence)."""
+    for prompt in PROMPTS:
+        plain = head_engine.generate(prompt, max_tokens=40, method="none", backend_argmax=False)
+        spec = head_engine.generate(prompt, max_tokens=40, method="redrafter", beams=2, beam_length=4,
+                                    backend_argmax=True)
+        assert spec.stats.backend_argmax and spec.stats.n_head_drafts > 0
+        assert spec.tokens == plain.tokens, prompt
+
+
 def test_redrafter_accepts_and_compresses(head_engine) -> None:
     r = head_engine.generate(PROMPTS[1], max_tokens=64, method="redrafter", beams=4, beam_length=5)
     s = r.stats

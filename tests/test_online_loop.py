@@ -71,7 +71,10 @@ def test_rejected_rows_predict_the_targets_token(tiny_target: str, weak_draft: s
     and the PyTorch draft's argmax there is the draft token the target rejected."""
     draft = load_gguf(weak_draft)
     with make_engine(tiny_target, weak_draft) as engine:
-        result = engine.generate(PROMPTS[0], max_tokens=MAX_TOKENS, method="chain")
+        result = engine.generate(PROMPTS[0], max_tokens=MAX_TOKENS, method="chain", trace_top_k=32)
+        steps_only = engine.generate(PROMPTS[0], max_tokens=MAX_TOKENS, method="chain")
+    with pytest.raises(ValueError, match="trace_top_k"):
+        samples_from_result(steps_only, positions="rejected")
     sample = samples_from_result(result, positions="rejected")
     assert sample is not None and sample.n_rows == result.trace.reject_positions.shape[0] > 0
     sequence = result.prompt_tokens + result.tokens
@@ -182,7 +185,7 @@ def test_distill_config_rejects_bad_values() -> None:
 @pytest.mark.parametrize("loss", ["fkl", "rkl", "jsd", "ce"])
 def test_one_training_step_lowers_the_loss_on_its_batch(tiny_target: str, weak_draft: str, loss: str) -> None:
     with make_engine(tiny_target, weak_draft) as engine:
-        results = [engine.generate(p, max_tokens=MAX_TOKENS, method="chain") for p in PROMPTS[:2]]
+        results = [engine.generate(p, max_tokens=MAX_TOKENS, method="chain", trace_top_k=32) for p in PROMPTS[:2]]
     batch = [s for s in (samples_from_result(r) for r in results) if s is not None]
     assert sum(s.n_rows for s in batch) > 0
     config = DistillConfig(loss=loss, lr=1e-3)

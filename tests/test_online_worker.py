@@ -35,7 +35,7 @@ def weak_draft(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="module")
 def samples(tiny_target: str, weak_draft: str) -> list[TraceSample]:
     with pyspec.Engine(tiny_target, draft=weak_draft, n_ctx=512, n_threads=1) as engine:
-        results = [engine.generate(p, max_tokens=32, method="chain") for p in PROMPTS]
+        results = [engine.generate(p, max_tokens=32, method="chain", trace_top_k=32) for p in PROMPTS]
     made = [s for s in (samples_from_result(r) for r in results) if s is not None]
     assert sum(s.n_rows for s in made) > 0
     return made

@@ -61,6 +61,9 @@ struct Request {
     std::vector<std::vector<float>> row_probs;  // [n + 1][n_vocab] sampled: target rows, on first use
     std::vector<uint8_t> row_ready;             // [n + 1] row_probs[r] holds this step's row r
     std::vector<int32_t> target_argmax;         // [n + 1] greedy: the target's token after each row
+    // Greedy without any use for a logits row: the target takes each row's argmax on its backend
+    // (Model::set_backend_argmax) and no row reaches the host.
+    bool backend_argmax = false;
     std::vector<float> row, residual;
     std::vector<int32_t> scratch;
     // Methods with a draft head: the target's hidden state of the row that chose the last
@@ -139,7 +142,9 @@ TreeVerdict verify_step(Request& req) {
         const auto target_token = [&req, n_vocab](int32_t r) {
             int32_t& token = req.target_argmax[size_t(r)];
             if (token >= 0) return token;
-            if (!req.grammar) {
+            if (req.backend_argmax) {
+                token = req.target.argmax_token(r);
+            } else if (!req.grammar) {
                 token = argmax(request_logits(req, r), n_vocab);
             } else {
                 token = req.step_grammar.row(r).argmax(request_logits(req, r), n_vocab);
@@ -200,19 +205,22 @@ void keep_accepted(Request& req, const TreeVerdict& verdict) {
 }
 
 // Appends one token to the output; returns false when generation must end.
-// logits_row: [n_vocab] the target row the token was chosen from.
-bool commit_token(Request& req, int32_t token, const float* logits_row, const TextCallback& on_text) {
+// row: the target's output row the token was chosen from.
+bool commit_token(Request& req, int32_t token, int32_t row, const TextCallback& on_text) {
     GenerateResult& res = req.result;
     if (req.target.is_eog(token)) {
         res.finish_reason = "stop";
         return false;
     }
-    if (req.params.return_logits) res.logits.insert(res.logits.end(), logits_row, logits_row + req.target.n_vocab());
-    if (req.params.logprobs >= 0) {
-        res.token_logprobs.push_back(token_logprobs(logits_row, req.target.n_vocab(), token, req.params.logprobs,
-                                                    req.top_ids, req.top_values));
-        res.top_logprob_ids.insert(res.top_logprob_ids.end(), req.top_ids.begin(), req.top_ids.end());
-        res.top_logprobs.insert(res.top_logprobs.end(), req.top_values.begin(), req.top_values.end());
+    if (req.params.return_logits || req.params.logprobs >= 0) {
+        const float* logits_row = req.target.logits(row);  // [n_vocab]
+        if (req.params.return_logits) res.logits.insert(res.logits.end(), logits_row, logits_row + req.target.n_vocab());
+        if (req.params.logprobs >= 0) {
+            res.token_logprobs.push_back(token_logprobs(logits_row, req.target.n_vocab(), token, req.params.logprobs,
+                                                        req.top_ids, req.top_values));
+            res.top_logprob_ids.insert(res.top_logprob_ids.end(), req.top_ids.begin(), req.top_ids.end());
+            res.top_logprobs.insert(res.top_logprobs.end(), req.top_values.begin(), req.top_values.end());
+        }
     }
     req.committed.push_back(token);
     res.tokens.push_back(token);
@@ -233,8 +241,9 @@ bool commit_token(Request& req, int32_t token, const float* logits_row, const Te
     return true;
 }
 
+// The step's record (what was drafted, how much was accepted) always; the target's top-k at a
+// rejected position only when trace_top_k asks for it (a softmax over the row, on the host).
 void record_trace(Request& req, const TreeVerdict& verdict, int32_t position) {
-    if (req.params.trace_top_k <= 0) return;
     const Draft& draft = req.draft;
     StepTrace step;
     step.position = position;
@@ -253,7 +262,7 @@ void record_trace(Request& req, const TreeVerdict& verdict, int32_t position) {
             }
         }
     }
-    if (step.rejected) {
+    if (step.rejected && req.params.trace_top_k > 0) {
         const int32_t row = verdict.path.empty() ? 0 : verdict.path.back() + 1;
         softmax(req.target.logits(row), req.target.n_vocab(), req.row);
         top_k_entries(req.row.data(), req.target.n_vocab(), req.params.trace_top_k, step.top_ids, step.top_probs);
@@ -516,6 +525,7 @@ std::vector<float> Engine::evaluate_rows(Model& model, const std::vector<int32_t
     if (hidden) hidden->reserve(size_t(n - first_output) * size_t(n_hidden));
     model.kv_clear();
     model.set_hidden_output(hidden != nullptr);
+    model.set_backend_argmax(false);
     try {
         std::vector<BatchToken> batch;
         for (int32_t i = 0; i < n; i += n_batch) {
@@ -736,6 +746,10 @@ void Engine::validate(const std::vector<int32_t>& prompt, const GenerateParams& 
     }
     if (params.max_tokens < 0) throw InvalidArgumentError("max_tokens must be >= 0, got " + std::to_string(params.max_tokens));
     if (params.trace_top_k < 0) throw InvalidArgumentError("trace_top_k must be >= 0");
+    if (params.backend_argmax < -1 || params.backend_argmax > 1) {
+        throw InvalidArgumentError("backend_argmax must be -1 (where the output runs off the CPU), 0 or 1, got " +
+                                   std::to_string(params.backend_argmax));
+    }
     if (params.logprobs < -1) {
         throw InvalidArgumentError("logprobs must be -1 (off) or the number of top alternatives >= 0, got " +
                                    std::to_string(params.logprobs));
@@ -831,6 +845,14 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
         }
     }
     if (params.penalties.active()) req.penalties = std::make_unique<PenaltyState>(params.penalties, prompt);
+    // Backend argmax is switched only when a request wants the other mode (a switch costs a graph
+    // reservation); where the backend cannot run it, rows come to the host as before.
+    const bool argmax_only = params.sampling.greedy() && !req.grammar && !req.penalties && !params.return_logits &&
+                             params.logprobs < 0 && params.trace_top_k == 0;
+    const bool wanted = params.backend_argmax > 0 || (params.backend_argmax < 0 && target_->output_on_device());
+    target_->set_backend_argmax(argmax_only && wanted);
+    req.backend_argmax = target_->backend_argmax();
+    stats.backend_argmax = req.backend_argmax;
     prefill(req, prompt);
     stats.t_prefill_ms = ms_since(t_start);
     // Hidden states after the prompt (llama.cpp would otherwise output every prompt row), and
@@ -905,13 +927,13 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
         int32_t n_used = 0;  // accepted tokens the output used: none after an end of generation or a stop string
         for (int32_t i = 0; i < n_accepted && running; ++i) {
             const int32_t node = verdict.path[size_t(i)];
-            running = commit_token(req, req.draft.tokens[size_t(node)], req.target.logits(row), on_text);
+            running = commit_token(req, req.draft.tokens[size_t(node)], row, on_text);
             row = node + 1;
             ++n_used;
         }
         stats.n_accepted += n_used;
         ++stats.accept_histogram[size_t(std::min(n_used, shape.depth))];
-        if (running) running = commit_token(req, verdict.next_token, req.target.logits(row), on_text);
+        if (running) running = commit_token(req, verdict.next_token, row, on_text);
         if (running && req.grammar) {
             auto next = std::make_unique<Grammar>(req.step_grammar.row(row));
             next->accept(verdict.next_token);

@@ -346,6 +346,9 @@ Model::Model(const std::string& path, const ModelParams& params) : path_(path), 
     cparams.n_threads = n_threads;
     cparams.n_threads_batch = n_threads;
     cparams.kv_unified = true;
+    // Backend argmax (set_backend_argmax) takes every output row a sequence has in a step (a
+    // chain verifies 1 + n_draft rows of sequence 0); llama.cpp's default allows one.
+    cparams.n_outputs_max_per_seq = 0;  // 0: as many as the batch has output rows
     cparams.flash_attn_type = params.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
     cparams.no_perf = true;
     const std::vector<Mapping> anonymous_mappings_before_context =
@@ -366,6 +369,7 @@ Model::Model(const std::string& path, const ModelParams& params) : path_(path), 
 Model::~Model() {
     if (batch_) llama_batch_free(*batch_);
     if (ctx_) llama_free(ctx_);
+    for (llama_sampler* sampler : argmax_samplers_) llama_sampler_free(sampler);  // after the context
     if (model_) llama_model_free(model_);
 }
 
@@ -563,6 +567,7 @@ void Model::decode(const std::vector<BatchToken>& batch) {
     n_outputs_ = rc == 0 ? int32_t(output_index_.size()) : 0;
     if (rc != 0) output_index_.clear();
     last_decode_hidden_ = hidden_output_ && rc == 0;
+    last_decode_argmax_ = backend_argmax_ && rc == 0;
     if (rc == 0) {
         for (const BatchToken& t : batch) {
             for (size_t s = 0; s < std::max<size_t>(1, t.seq_ids.size()); ++s) {
@@ -617,6 +622,10 @@ int32_t Model::prefill_prompt(const std::vector<int32_t>& prompt) {
 }
 
 const float* Model::logits(int32_t i) const {
+    if (last_decode_argmax_) {
+        throw InvalidArgumentError("no logits rows: the last decode took their argmax on the backend "
+                                   "(set_backend_argmax(false) keeps them)");
+    }
     if (i < 0 || i >= n_outputs_) {
         throw InvalidArgumentError("logits row " + std::to_string(i) + " out of range [0, " +
                                    std::to_string(n_outputs_) + ")");
@@ -624,6 +633,58 @@ const float* Model::logits(int32_t i) const {
     const float* row = llama_get_logits_ith(ctx_, output_index_[size_t(i)]);
     if (!row) throw DecodeError(with_reason("llama.cpp has no logits for output row " + std::to_string(i)));
     return row;
+}
+
+bool Model::set_backend_argmax(bool on) {
+    if (on == backend_argmax_) return true;
+    const int32_t n_seq = std::max(params_.n_seq_max, 1);
+    if (!on) {
+        for (int32_t s = 0; s < n_seq; ++s) llama_set_sampler(ctx_, s, nullptr);
+        backend_argmax_ = false;
+        return true;
+    }
+    // A chain is initialised for the backend once (llama.cpp asserts on a second time): new
+    // chains each time it is switched on. The context holds none of the old ones by now.
+    for (llama_sampler* sampler : argmax_samplers_) llama_sampler_free(sampler);
+    argmax_samplers_.clear();
+    for (int32_t s = 0; s < n_seq; ++s) {
+        llama_sampler* chain = llama_sampler_chain_init(llama_sampler_chain_default_params());
+        llama_sampler_chain_add(chain, llama_sampler_init_greedy());
+        argmax_samplers_.push_back(chain);
+    }
+    for (int32_t s = 0; s < n_seq; ++s) {
+        if (!llama_set_sampler(ctx_, s, argmax_samplers_[size_t(s)])) {
+            for (int32_t u = 0; u <= s; ++u) llama_set_sampler(ctx_, u, nullptr);
+            return false;
+        }
+    }
+    backend_argmax_ = true;
+    return true;
+}
+
+bool Model::output_on_device() const {
+    if (params_.n_gpu_layers == 0) return false;
+    if (params_.n_gpu_layers > 0 && params_.n_gpu_layers <= n_layer()) return false;  // the output layer stays
+    if (!params_.rpc_servers.empty()) return true;
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        if (ggml_backend_dev_type(ggml_backend_dev_get(i)) == GGML_BACKEND_DEVICE_TYPE_GPU) return true;
+    }
+    return false;
+}
+
+int32_t Model::argmax_token(int32_t i) const {
+    if (!last_decode_argmax_) {
+        throw InvalidArgumentError("no backend argmax: the last decode ran with backend argmax off");
+    }
+    if (i < 0 || i >= n_outputs_) {
+        throw InvalidArgumentError("argmax row " + std::to_string(i) + " out of range [0, " +
+                                   std::to_string(n_outputs_) + ")");
+    }
+    const llama_token token = llama_get_sampled_token_ith(ctx_, output_index_[size_t(i)]);
+    if (token == LLAMA_TOKEN_NULL) {
+        throw DecodeError(with_reason("llama.cpp has no backend argmax for output row " + std::to_string(i)));
+    }
+    return token;
 }
 
 void Model::set_hidden_output(bool on) {

@@ -81,7 +81,8 @@ def samples_from_result(result: GenerationResult, *, positions: str = "rejected"
                         domain: str = "") -> TraceSample | None:
     """The training positions of one generation, or None when it has none.
 
-    positions="rejected": the trace's rejections. positions="all": every generated token, with
+    positions="rejected": the trace's rejections, with the target's top-k the generation recorded
+    there (trace_top_k > 0; ValueError when it recorded none). positions="all": every generated token, with
     the target's rows from `teacher_logits` ([n_generated, n_vocab], row i = the target's logits
     before generated token i) or else `result.logits`; ValueError when neither is there.
     """
@@ -97,6 +98,9 @@ def samples_from_result(result: GenerationResult, *, positions: str = "rejected"
     trace = result.trace
     if trace.reject_positions.shape[0] == 0:
         return None
+    if trace.top_ids.shape[1] == 0:
+        raise ValueError("positions='rejected' learns from the target's top-k at each rejection, which this "
+                         "generation did not record: generate with trace_top_k > 0 (e.g. 32)")
     rows = len(result.prompt_tokens) - 1 + trace.reject_positions.astype(np.int32)
     top_ids, top_probs = trace.top_ids, trace.top_probs  # padded with -1 where k > n_vocab
     inside = (top_ids == trace.reject_tokens[:, None]).any(axis=1)

@@ -208,6 +208,8 @@ class OnlineDistiller:
             cfg = cfg.replace(draft=self.draft)
         if self.config.positions == "all" and self.config.teacher == "trace":
             cfg = cfg.replace(return_logits=True)  # the target's row behind every token
+        elif self.config.teacher == "trace" and cfg.trace_top_k == 0:
+            cfg = cfg.replace(trace_top_k=self.config.top_k)  # the target's top-k at rejections
         result = self.engine.generate(prompt, cfg)
         self.observe(result, domain=domain)
         if not keep_logits and result.logits is not None:

@@ -417,8 +417,8 @@ def _config(state: ServerState, body: Any, tokens: list[int], logprobs: int | No
     room = n_ctx - len(tokens)
     max_tokens = min(limit, room) if limit is not None else room
     config = body.generation_config(state.settings.defaults, max_tokens, logprobs)
-    # The trace feeds the online distiller only: not computed when nobody reads it.
-    return config.replace(trace_top_k=config.trace_top_k if state.online is not None else 0)
+    # The trace's top-k feeds the online distiller only: not computed when nobody reads it.
+    return config.replace(trace_top_k=state.online.trace_top_k if state.online is not None else 0)
 
 
 def _gauges(state: ServerState) -> Iterable[tuple[str, str, str, float]]:

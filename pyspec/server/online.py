@@ -5,7 +5,7 @@ live there, not in the server) train the draft, and hot-reloads the file it writ
 requests (Engine.reload_draft). The server process never imports torch.
 
 What this module assumes of pyspec.online, and nothing more: OnlineDistiller(engine, config,
-update_interval=, buffer_limit=, work_dir=) with observe(result), stats() -> an object with
+update_interval=, buffer_limit=, work_dir=) with observe(result), config.top_k, stats() -> an object with
 draft_version, n_updates, n_failed_updates, updating, buffer_positions, acceptance and
 last_error, and close(); DistillConfig(lr=, train_threads=, train_vocab=, train_blocks=). Generations are handed over through
 a bounded queue to a thread of their own, so the generation worker never waits on the
@@ -66,6 +66,12 @@ class OnlineLoop:
         self._results: "queue.Queue[GenerationResult | None]" = queue.Queue(maxsize=settings.backlog)
         self._thread = threading.Thread(target=self._run, name="pyspec-online", daemon=True)
         self._thread.start()
+
+    @property
+    def trace_top_k(self) -> int:
+        """The target's top-k each served generation records at its rejections: what the
+        distiller learns from."""
+        return int(self.distiller.config.top_k)
 
     def submit(self, result: GenerationResult) -> None:
         """Hands a finished generation to the distiller; never blocks."""

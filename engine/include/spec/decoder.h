@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -47,8 +48,17 @@ struct GenerateParams {
     std::string acceptance = "exact";
     float typical_epsilon = 0.09f;
     float typical_delta = 0.3f;
-    int32_t trace_top_k = 32;      // target top-k kept at each rejected position; 0: no trace
+    // The trace records every step (GenerateResult::trace); trace_top_k > 0 adds the target's
+    // top-k (and its probability of the rejected token) at each rejected position, a softmax of
+    // that row on the host. 0: steps only.
+    int32_t trace_top_k = 0;
     bool return_logits = false;    // keep the target's logits row behind every generated token
+    // Greedy requests that read nothing of a row but its argmax (no logprobs, return_logits,
+    // trace_top_k, grammar or penalties) can take it on the target's backend
+    // (Model::set_backend_argmax): the same tokens, no logits rows copied to the host.
+    // -1: where the target's output layer runs off the CPU (Model::output_on_device);
+    // 0: never; 1: whenever the request allows it.
+    int32_t backend_argmax = -1;
     // -1: no log-probabilities (nothing computed). k >= 0: each generated token's log-probability
     // and those of the k likeliest tokens of the same target row (GenerateResult::token_logprobs).
     int32_t logprobs = -1;
@@ -81,6 +91,7 @@ struct Stats {
     int32_t n_empty_drafts = 0;    // steps that verified no draft token (plain decoding steps)
     int32_t n_head_drafts = 0;     // steps that verified a draft of the draft head (redrafter, auto)
     int32_t n_head_accepted = 0;   // draft tokens of the head accepted
+    bool backend_argmax = false;   // the target's rows' argmax was taken on its backend (no rows on the host)
     std::vector<int32_t> accept_histogram;  // [max depth + 1] steps that accepted i draft tokens
     double t_prefill_ms = 0, t_draft_ms = 0, t_verify_ms = 0, t_other_ms = 0;
     double t_target_ms = 0;        // part of t_verify_ms: the target decodes (host work is the rest)
@@ -110,11 +121,12 @@ struct StepTrace {
     int32_t n_accepted = 0;
     int32_t target_token = 0;            // the recovered or bonus token the target added
     bool rejected = false;               // a draft token was rejected at position + n_accepted
+    // With GenerateParams::trace_top_k = k > 0 (empty otherwise):
     std::vector<int32_t> top_ids;        // [k] target top-k at the rejected position (T = 1)
     std::vector<float> top_probs;        // [k] over the whole vocabulary: they sum to <= 1
     // The target's probability (T = 1) of the rejected draft token, draft_tokens[n_accepted],
     // inside the top-k or not: a trainer needs it to push the draft off that token.
-    float rejected_prob = 0.0f;
+    float rejected_prob = std::numeric_limits<float>::quiet_NaN();  // NaN: trace_top_k was 0
 };
 
 struct GenerateResult {

@@ -11,6 +11,7 @@ struct llama_model;
 struct llama_context;
 struct llama_vocab;
 struct llama_batch;
+struct llama_sampler;
 
 namespace spec {
 
@@ -143,10 +144,32 @@ public:
     int32_t prefill_reused() const { return n_prefill_reused_; }
 
     // Logits row of the i-th output of the last successful decode (a failed decode leaves none).
-    // Valid until the next decode. Throws InvalidArgumentError for i outside [0, n_outputs()).
+    // Valid until the next decode. Throws InvalidArgumentError for i outside [0, n_outputs()),
+    // or when the last decode ran with backend argmax on (no logits reached the host).
     // returns: [n_vocab] float32
     const float* logits(int32_t i) const;
     int32_t n_outputs() const { return n_outputs_; }
+
+    // Backend argmax (llama.cpp's backend sampling: a greedy sampler on every sequence). While
+    // on, each decode takes the argmax of every output row inside the model's graph, on the
+    // device that computed the logits, and llama.cpp copies no logits row to the host: read the
+    // tokens with argmax_token(i); logits(i) throws. For greedy decoding that needs nothing else
+    // of a row (no logprobs, trace, grammar, penalties): the same tokens, without moving
+    // [n_outputs, n_vocab] floats off a GPU and scanning them on the host. Switching costs
+    // llama.cpp a new graph reservation, so callers leave it as it is between requests that
+    // agree. Returns false, and stays off, where llama.cpp cannot run the sampler on the
+    // model's output device.
+    bool set_backend_argmax(bool on);
+    bool backend_argmax() const { return backend_argmax_; }
+    // Whether llama.cpp computes the output layer (the logits) off this process's CPU: on a GPU,
+    // or on the RPC servers, which is where backend argmax saves a copy. (On the CPU backend the
+    // logits are already in host memory and the sampler's extra graph nodes cost more than the
+    // host's argmax: docs/cost-curves.md.) llama.cpp offloads the output layer with
+    // n_gpu_layers -1 or greater than the layer count.
+    bool output_on_device() const;
+    // The argmax of the i-th output row of the last decode, taken on the backend. Throws
+    // InvalidArgumentError when the last decode ran with backend argmax off or i is out of range.
+    int32_t argmax_token(int32_t i) const;
 
     // Hidden states. While on, every decode also keeps the last-layer hidden state of each output
     // row: the final norm applied, so that logits(i) = output matrix x hidden(i) (+ the output
@@ -197,6 +220,10 @@ private:
     std::vector<int32_t> output_index_;  // output row i -> batch index
     bool hidden_output_ = false;         // llama_set_embeddings, as last set
     bool last_decode_hidden_ = false;    // the last decode kept hidden states
+    bool backend_argmax_ = false;        // greedy samplers set on every sequence
+    bool last_decode_argmax_ = false;    // the last decode took its rows' argmax on the backend
+    // One greedy sampler chain per sequence, kept alive while the context may use them.
+    std::vector<llama_sampler*> argmax_samplers_;  // [n_seq_max]
 
     // What every KV sequence holds, by position (kv_tokens_[seq][pos], -1: no cell), updated by
     // each cache operation above, so that the prefix cache knows sequence 0 exactly.
