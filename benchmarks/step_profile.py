@@ -17,7 +17,15 @@ tree with the target as the draft.
 builds its compute graph anew, as a decode whose shape (tokens, output rows, sequences) differs
 from the previous one's always does; the difference from a normal run is what a shape change costs.
 
+`--argmax both` times every case twice, alternating, `--repeats` times: with the rows' argmax
+on the host (the logits rows copied out of llama.cpp, then scanned) and on the target's backend
+(`backend_argmax=True`: a greedy sampler in the graph, no rows copied), and reports the medians.
+`--rpc HOST:PORT` puts the target's layers on llama.cpp rpc-servers (the draft stays here), where
+every logits row would cross the network.
+
     python benchmarks/step_profile.py --model smollm2-135m-instruct --tokens 64
+    python benchmarks/step_profile.py --model smollm2-135m-instruct --argmax both --repeats 5
+    python benchmarks/step_profile.py --argmax both --rpc 127.0.0.1:50052 --repeats 5
     python benchmarks/step_profile.py --model smollm2-135m-instruct --tokens 64 --no-graph-reuse
     python benchmarks/step_profile.py --tiny --callgrind --tokens 32
 """
@@ -27,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import re
 import subprocess
 import sys
@@ -56,24 +65,56 @@ def model_path(args: argparse.Namespace) -> str:
     return str(resolve_model(args.model))
 
 
-def run_case(engine: Engine, method: str, n_draft: int, tokens: int, trace_top_k: int) -> dict:
+def case_options(engine: Engine, method: str, n_draft: int, tokens: int, trace_top_k: int) -> tuple[list[int], dict]:
     prompt = engine.tokenize(PASSAGE * 6, add_special=False) if method == "lookup" else engine.tokenize(
         "Write a function that adds the numbers of a list.\n", add_special=False)
     options = dict(max_tokens=tokens, method=method, trace_top_k=trace_top_k)
     if method in ("chain", "lookup"):
         options["n_draft"] = n_draft
-    engine.generate(prompt, **options)  # warm
-    s = engine.generate(prompt, **options).stats
-    calls = max(s.n_target_calls, 1)
-    t_target_ms = getattr(s, "t_target_ms", 0.0)  # 0 from builds that do not time the call apart
+    return prompt, options
+
+
+def step_times(stats) -> dict:
+    calls = max(stats.n_target_calls, 1)
+    t_target_ms = getattr(stats, "t_target_ms", 0.0)  # 0 from builds that do not time the call apart
     return {
-        "steps": s.n_target_calls,
-        "tokens_per_step": round(1 + s.n_drafted / calls, 2),
-        "accepted_per_step": round(s.n_accepted / calls, 2),
-        "draft_us": round(1000 * s.t_draft_ms / calls, 1),
+        "steps": stats.n_target_calls,
+        "tokens_per_step": round(1 + stats.n_drafted / calls, 2),
+        "accepted_per_step": round(stats.n_accepted / calls, 2),
+        "draft_us": round(1000 * stats.t_draft_ms / calls, 1),
         "target_us": round(1000 * t_target_ms / calls, 1),
-        "host_us": round(1000 * (s.t_verify_ms - t_target_ms + s.t_other_ms) / calls, 1),
+        "host_us": round(1000 * (stats.t_verify_ms - t_target_ms + stats.t_other_ms) / calls, 1),
+        "step_us": round(1000 * (stats.t_total_ms - stats.t_prefill_ms) / calls, 1),
     }
+
+
+def run_case(engine: Engine, method: str, n_draft: int, tokens: int, trace_top_k: int) -> dict:
+    prompt, options = case_options(engine, method, n_draft, tokens, trace_top_k)
+    engine.generate(prompt, **options)  # warm
+    return step_times(engine.generate(prompt, **options).stats)
+
+
+def compare_argmax(engine: Engine, method: str, n_draft: int, tokens: int, repeats: int) -> dict:
+    """The case with the argmax on the host and on the backend, alternating; medians of the
+    per-step times, and whether both paths gave the same tokens."""
+    prompt, options = case_options(engine, method, n_draft, tokens, 0)
+    runs: dict[str, list[dict]] = {"host": [], "backend": []}
+    outputs = {}
+    for i in range(repeats + 1):  # the first round warms both paths
+        for path in ("host", "backend"):
+            result = engine.generate(prompt, backend_argmax=path == "backend", **options)
+            if result.stats.backend_argmax != (path == "backend"):
+                raise RuntimeError(f"backend_argmax={path == 'backend'} did not take effect")
+            outputs[path] = result.tokens
+            if i > 0:
+                runs[path].append(step_times(result.stats))
+    row: dict = {"steps": runs["host"][0]["steps"], "tokens_per_step": runs["host"][0]["tokens_per_step"],
+                 "same_tokens": outputs["host"] == outputs["backend"]}
+    for path, times in runs.items():
+        for key in ("target_us", "host_us", "step_us"):
+            row[f"{path}_{key}"] = round(statistics.median(t[key] for t in times), 1)
+    row["step_ratio"] = round(row["backend_step_us"] / row["host_step_us"], 3)
+    return row
 
 
 def inclusive_ir(out_file: str) -> dict[str, int]:
@@ -125,8 +166,14 @@ def main() -> None:
     ap.add_argument("--single", nargs=2, metavar=("METHOD", "N_DRAFT"), help=argparse.SUPPRESS)
     ap.add_argument("--no-graph-reuse", action="store_true",
                     help="llama.cpp builds every decode's graph anew (LLAMA_GRAPH_REUSE_DISABLE=1)")
+    ap.add_argument("--argmax", choices=("host", "both"), default="host",
+                    help="both: each case with the argmax on the host and on the backend, alternating")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of each path with --argmax both")
+    ap.add_argument("--rpc", action="append", default=[], metavar="HOST:PORT",
+                    help="the target's layers on these llama.cpp rpc-servers (repeatable)")
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args()
+    target_options = dict(rpc=args.rpc, n_gpu_layers=-1) if args.rpc else {}
     if args.no_graph_reuse:
         os.environ["LLAMA_GRAPH_REUSE_DISABLE"] = "1"  # read when a context is made; callgrind's child inherits it
     path = model_path(args)
@@ -136,11 +183,14 @@ def main() -> None:
         print(json.dumps(row))
         return
     rows = []
-    with Engine(path, draft=path, n_ctx=2048, n_threads=args.threads) as engine:
+    with Engine(path, draft=path, n_ctx=2048, n_threads=args.threads, **target_options) as engine:
         for name, method, n_draft in CASES:
-            row = {"case": name, "n_draft": n_draft, **run_case(engine, method, n_draft, args.tokens,
-                                                                  args.trace_top_k)}
-            rows.append(row)
+            if args.argmax == "both":
+                measured = compare_argmax(engine, method, n_draft, args.tokens, args.repeats)
+            else:
+                measured = run_case(engine, method, n_draft, args.tokens, args.trace_top_k)
+            rows.append({"case": name, "n_draft": n_draft, **measured})
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     if args.callgrind:
         for row, (name, method, n_draft) in zip(rows, CASES):
             row.update(callgrind_case(args, method, n_draft))
@@ -148,7 +198,7 @@ def main() -> None:
         print(json.dumps(row))
     if args.json:
         Path(args.json).write_text(json.dumps({"model": path, "tokens": args.tokens, "graph_reuse": not args.no_graph_reuse,
-                                               "rows": rows}, indent=1) + "\n")
+                                               "argmax": args.argmax, "rpc": args.rpc, "rows": rows}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

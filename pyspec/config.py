@@ -165,8 +165,8 @@ class GenerationConfig:
     backend_argmax: a greedy request that reads nothing of the target's rows but their argmax
     (no logprobs, return_logits, trace_top_k, grammar or penalties) can take it on the target's
     backend (llama.cpp's backend sampling): the same tokens, no logits rows copied to the host.
-    None: where the target's output layer runs off the CPU (a GPU, RPC servers); True: always
-    (where the request allows it); False: never.
+    None: where the target's output layer runs on a GPU of this machine; True: always (where
+    the request allows it; also worth trying with RPC servers across a network); False: never.
     logprobs: None (off, nothing computed) or k >= 0: result.logprobs holds each generated
     token's log-probability under the target's own distribution (log softmax of the row it was
     chosen from at temperature 1, before top_k / top_p / min_p) and the k likeliest tokens of

@@ -69,10 +69,12 @@ def test_rpc_server_missing_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path) 
         find_rpc_server()
 
 
-def _outputs(engine: pyspec.Engine) -> dict[str, list[int]]:
+def _outputs(engine: pyspec.Engine, **options: object) -> dict[str, list[int]]:
     out = {}
     for method in METHODS:
-        result = engine.generate(PROMPT, max_tokens=48, method=method, n_draft=4, temperature=0.0)
+        result = engine.generate(PROMPT, max_tokens=48, method=method, n_draft=4, temperature=0.0, **options)
+        if "backend_argmax" in options:
+            assert result.stats.backend_argmax == options["backend_argmax"], method
         out[method] = list(result.tokens)
     return out
 
@@ -95,6 +97,17 @@ def test_greedy_output_over_two_rpc_servers_equals_the_local_run(tiny_target: st
             drafted = remote.generate(PROMPT, max_tokens=48, method="chain", n_draft=4).stats
         assert got == expected, f"over {servers}"
         assert drafted.n_drafted > 0 and drafted.n_accepted > 0
+
+
+def test_backend_argmax_on_the_rpc_servers_gives_the_local_tokens(tiny_target: str, tiny_drafts: dict[str, str],
+                                                                  rpc_servers) -> None:
+    """The rows' argmax taken in the graph on the server (only the tokens cross the network)."""
+    draft = tiny_drafts["perturbed"]
+    with pyspec.Engine(tiny_target, draft=draft, n_ctx=1024, n_threads=2) as local:
+        expected = _outputs(local)
+    with pyspec.Engine(tiny_target, draft=draft, n_ctx=1024, n_threads=2, rpc=rpc_servers[0].endpoint) as remote:
+        assert not remote.generate(PROMPT, max_tokens=8, method="none").stats.backend_argmax  # None: a local GPU only
+        assert _outputs(remote, backend_argmax=True) == expected
 
 
 def test_a_server_that_goes_away_between_loads_is_named(tiny_target: str, rpc_servers) -> None:

@@ -28,9 +28,11 @@ and prompts. With --model it also splits that registry model into .gpu/model-par
 - plan:   their cost curves (`Engine.calibrate`), beside this CPU's, and what auto plans with
           each: a draft-model chain's length and expected speed-up, and a free (lookup) draft's;
 - real:   when the model parts are here, tokens/s of every method that needs no draft model
-          against `none` on real prompts.
+          against `none` on real prompts; and the time of their real steps by size against a
+          one-token step and against the calibrated curve, with the rows' argmax on the host and
+          on the backend (backend_argmax).
 Results go to --out (default $OUT, else .gpu/out): a log, curves.json, plan.md, tests.log,
-real.md / real.json.
+real.md / real.json, steps.md / steps.json.
 """
 
 from __future__ import annotations

@@ -462,6 +462,53 @@ REAL_CODE = """
 """
 
 
+# Real steps against the calibrated curve, and the rows' argmax on the host against the backend:
+# every greedy step of lookup and auto on the real prompts, by size, both ways, alternating.
+STEP_COST_CODE = """
+    import json, statistics, sys
+    import pyspec
+
+    model, prompts_file, max_tokens, n_gpu_layers, out = sys.argv[1:6]
+    prompts = [p["messages"] for p in json.load(open(prompts_file))]
+    buckets = [(1, 1), (2, 4), (5, 8), (9, 16), (17, 64)]
+    rows = {}
+    with pyspec.Engine(model, n_gpu_layers=int(n_gpu_layers)) as engine:
+        curve = engine.calibrate()["target"]
+        for path in ("host", "backend"):
+            steps = {b: [] for b in buckets}
+            same = []
+            for prompt in prompts:
+                for method in ("none", "lookup", "auto"):
+                    engine.generate(prompt, max_tokens=8, method=method)  # warm this shape family
+                    result = engine.generate(prompt, max_tokens=int(max_tokens), method=method,
+                                             backend_argmax=path == "backend")
+                    for size, ms in zip(result.step_sizes.tolist(), result.step_ms.tolist()):
+                        for b in buckets:
+                            if b[0] <= size <= b[1]:
+                                steps[b].append((size, ms))
+            one = statistics.median(ms for _, ms in steps[(1, 1)]) if steps[(1, 1)] else float("nan")
+            for b, seen in steps.items():
+                if not seen:
+                    continue
+                median_ms = statistics.median(ms for _, ms in seen)
+                median_size = int(statistics.median(size for size, _ in seen))
+                rows.setdefault(f"{b[0]}-{b[1]}", {})[path] = {
+                    "steps": len(seen), "median_size": median_size, "median_ms": round(median_ms, 3),
+                    "vs_one_token_step": round(median_ms / one, 3),
+                    "calibrated_vs_one_token": round(curve.at(median_size) / curve.at(1), 3)}
+    report = {"calibrated_ms": dict(zip(curve.n_tokens, curve.ms)), "by_size": rows}
+    json.dump(report, open(out + ".json", "w"), indent=1)
+    lines = ["| tokens in the step | argmax | steps | median ms | vs a one-token step | calibration says |",
+             "|---|---|---|---|---|---|"]
+    for size, by_path in rows.items():
+        for path, r in by_path.items():
+            lines.append(f"| {size} | {path} | {r['steps']} | {r['median_ms']} | {r['vs_one_token_step']} | "
+                         f"{r['calibrated_vs_one_token']} |")
+    open(out + ".md", "w").write("\\n".join(lines) + "\\n")
+    print("\\n".join(lines))
+"""
+
+
 def real_step(ctx: RunContext) -> bool:
     manifest = ctx.manifest()
     model = manifest.get("model")
@@ -474,7 +521,12 @@ def real_step(ctx: RunContext) -> bool:
         return True
     prompts = ctx.layout.work / "prompts.json"
     prompts.write_text(json.dumps(manifest["prompts"]), encoding="utf-8")
-    return _run([sys.executable, "-c", textwrap.dedent(REAL_CODE), str(path), str(prompts), REAL_METHODS,
-                 str(REAL_MAX_TOKENS), str(ALL_LAYERS if ctx.cuda else 0), str(ctx.out / f"real-{ctx.backend}")],
-                f"tokens/s of {REAL_METHODS} on {model['name']}", log_file=ctx.out / "real.log",
-                cwd=ctx.layout.work, env=ctx.env(), tail=60)
+    n_gpu_layers = str(ALL_LAYERS if ctx.cuda else 0)
+    ok = _run([sys.executable, "-c", textwrap.dedent(REAL_CODE), str(path), str(prompts), REAL_METHODS,
+               str(REAL_MAX_TOKENS), n_gpu_layers, str(ctx.out / f"real-{ctx.backend}")],
+              f"tokens/s of {REAL_METHODS} on {model['name']}", log_file=ctx.out / "real.log",
+              cwd=ctx.layout.work, env=ctx.env(), tail=60)
+    return _run([sys.executable, "-c", textwrap.dedent(STEP_COST_CODE), str(path), str(prompts), str(REAL_MAX_TOKENS),
+                 n_gpu_layers, str(ctx.out / f"steps-{ctx.backend}")],
+                f"real steps against calibration, argmax on the host and on the backend, on {model['name']}",
+                log_file=ctx.out / "steps.log", cwd=ctx.layout.work, env=ctx.env(), tail=30) and ok

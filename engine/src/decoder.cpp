@@ -747,7 +747,7 @@ void Engine::validate(const std::vector<int32_t>& prompt, const GenerateParams& 
     if (params.max_tokens < 0) throw InvalidArgumentError("max_tokens must be >= 0, got " + std::to_string(params.max_tokens));
     if (params.trace_top_k < 0) throw InvalidArgumentError("trace_top_k must be >= 0");
     if (params.backend_argmax < -1 || params.backend_argmax > 1) {
-        throw InvalidArgumentError("backend_argmax must be -1 (where the output runs off the CPU), 0 or 1, got " +
+        throw InvalidArgumentError("backend_argmax must be -1 (where the output layer runs on a GPU), 0 or 1, got " +
                                    std::to_string(params.backend_argmax));
     }
     if (params.logprobs < -1) {
@@ -849,7 +849,7 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
     // reservation); where the backend cannot run it, rows come to the host as before.
     const bool argmax_only = params.sampling.greedy() && !req.grammar && !req.penalties && !params.return_logits &&
                              params.logprobs < 0 && params.trace_top_k == 0;
-    const bool wanted = params.backend_argmax > 0 || (params.backend_argmax < 0 && target_->output_on_device());
+    const bool wanted = params.backend_argmax > 0 || (params.backend_argmax < 0 && target_->output_on_gpu());
     target_->set_backend_argmax(argmax_only && wanted);
     req.backend_argmax = target_->backend_argmax();
     stats.backend_argmax = req.backend_argmax;

@@ -662,10 +662,9 @@ bool Model::set_backend_argmax(bool on) {
     return true;
 }
 
-bool Model::output_on_device() const {
-    if (params_.n_gpu_layers == 0) return false;
+bool Model::output_on_gpu() const {
+    if (params_.n_gpu_layers == 0 || !params_.rpc_servers.empty()) return false;
     if (params_.n_gpu_layers > 0 && params_.n_gpu_layers <= n_layer()) return false;  // the output layer stays
-    if (!params_.rpc_servers.empty()) return true;
     for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
         if (ggml_backend_dev_type(ggml_backend_dev_get(i)) == GGML_BACKEND_DEVICE_TYPE_GPU) return true;
     }

@@ -56,7 +56,7 @@ struct GenerateParams {
     // Greedy requests that read nothing of a row but its argmax (no logprobs, return_logits,
     // trace_top_k, grammar or penalties) can take it on the target's backend
     // (Model::set_backend_argmax): the same tokens, no logits rows copied to the host.
-    // -1: where the target's output layer runs off the CPU (Model::output_on_device);
+    // -1: where the target's output layer runs on a GPU (Model::output_on_gpu);
     // 0: never; 1: whenever the request allows it.
     int32_t backend_argmax = -1;
     // -1: no log-probabilities (nothing computed). k >= 0: each generated token's log-probability

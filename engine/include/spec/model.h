@@ -161,12 +161,13 @@ public:
     // model's output device.
     bool set_backend_argmax(bool on);
     bool backend_argmax() const { return backend_argmax_; }
-    // Whether llama.cpp computes the output layer (the logits) off this process's CPU: on a GPU,
-    // or on the RPC servers, which is where backend argmax saves a copy. (On the CPU backend the
-    // logits are already in host memory and the sampler's extra graph nodes cost more than the
-    // host's argmax: docs/cost-curves.md.) llama.cpp offloads the output layer with
-    // n_gpu_layers -1 or greater than the layer count.
-    bool output_on_device() const;
+    // Whether llama.cpp computes the output layer (the logits) on a GPU of this machine, where
+    // backend argmax saves copying the rows to the host. llama.cpp offloads the output layer with
+    // n_gpu_layers -1 or greater than the layer count. False with RPC servers, whose backend this
+    // process cannot tell: on CPU rpc-servers over loopback backend argmax measured 1-4% slower a
+    // step, as it does on the local CPU, where the sampler's graph nodes cost more than the
+    // host's argmax of rows already in host memory (docs/cost-curves.md).
+    bool output_on_gpu() const;
     // The argmax of the i-th output row of the last decode, taken on the backend. Throws
     // InvalidArgumentError when the last decode ran with backend argmax off or i is out of range.
     int32_t argmax_token(int32_t i) const;
