@@ -6,6 +6,7 @@ head files are refused with the old head kept."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -564,3 +565,49 @@ def test_a_prompt_longer_than_the_window_is_skipped_not_fatal(tmp_path: Path, ti
     assert made == (3, True)
     assert sorted(s.prompt_id for s in iter_sequences(tmp_path)) == ["tiny/0", "tiny/1", "tiny/2"]
     assert "tiny/long" in caplog.text and "context window" in caplog.text
+
+
+# -- the server with a head ---------------------------------------------------------------------------
+
+
+def test_server_serves_and_learns_the_head_online(tiny_target: str, head_files: dict[str, object],
+                                                  tmp_path: Path) -> None:
+    """`pyspec serve --head H --online` (no draft model): requests draft with the head, the head
+    is fine-tuned from the served traffic and reloaded, and greedy output stays the target's."""
+    import openai
+    from server_process import ServerProcess
+    from test_server import tie_free_prompt
+
+    greedy = {"temperature": 0.0}
+    proc = ServerProcess("--target", tiny_target, "--head", head_files["files"]["untrained"], "--model-name", "tiny",
+                         "--n-ctx", "512", "--threads", "1", "--method", "redrafter", "--online",
+                         "--online-interval", "4", "--online-lr", "3e-3", "--online-work-dir", str(tmp_path / "heads"),
+                         log_path=tmp_path / "online-head.log")
+    try:
+        c = openai.OpenAI(base_url=proc.base_url + "/v1", api_key="unused", max_retries=0)
+        for i in range(8):
+            r = c.completions.create(model="tiny", prompt=f"{WORDS[i]} {WORDS[i + 1]} the", max_tokens=24, **greedy)
+            assert r.model_extra["pyspec"]["method"] == "redrafter" and r.model_extra["pyspec"]["head_version"] >= 1
+        assert proc.metric("pyspec_head_version") >= 1
+        deadline = time.monotonic() + 180
+        while proc.metric("pyspec_online_updates_total") < 1:
+            assert time.monotonic() < deadline, proc.log()
+            assert proc.metric("pyspec_online_failed_updates_total") == 0, proc.log()
+            time.sleep(0.2)
+        assert proc.metric("pyspec_head_version") >= 2
+        with pyspec.Engine(tiny_target, n_ctx=512, n_threads=1) as reference:
+            prompt = tie_free_prompt(reference, [f"{WORDS[i]} {WORDS[-1 - i]} model" for i in range(len(WORDS) // 2)], 16)
+        after = c.completions.create(model="tiny", prompt=prompt, max_tokens=16, **greedy)
+        plain = c.completions.create(model="tiny", prompt=prompt, max_tokens=16, extra_body={"method": "none"}, **greedy)
+        assert after.model_extra["pyspec"]["head_version"] >= 2
+        assert after.choices[0].text == plain.choices[0].text
+    finally:
+        assert proc.stop() == 0, proc.log()
+
+
+def test_server_online_without_draft_or_head_is_refused(tiny_target: str) -> None:
+    from pyspec.server.online import OnlineLoop, OnlineSettings
+
+    with pyspec.Engine(tiny_target, n_ctx=256, n_threads=1) as engine:
+        with pytest.raises(ValueError, match="--draft or --head"):
+            OnlineLoop(engine, OnlineSettings())

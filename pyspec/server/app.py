@@ -45,6 +45,7 @@ class ServerSettings:
 
     target: str
     draft: str | None = None
+    head: str | None = None  # a draft head GGUF (pyspec train-head) for methods redrafter and auto
     model_name: str | None = None     # the id clients send as "model" (default: the target's file stem)
     n_ctx: int = 4096
     n_batch: int = 512
@@ -67,7 +68,7 @@ class ServerSettings:
     # stats_save_interval_s when generations ran since the last save, and at shutdown
     stats_file: str | None = None
     stats_save_interval_s: float = 60.0
-    online: OnlineSettings | None = None  # None: the draft stays as loaded
+    online: OnlineSettings | None = None  # None: the draft (or head) stays as loaded
     # Protocol: other names /v1/models lists for the model (any name is served); strict: unknown
     # request fields are a 400 instead of being ignored.
     model_aliases: tuple[str, ...] = ()
@@ -137,7 +138,8 @@ def begin_shutdown(app: FastAPI) -> None:
 
 def _start(settings: ServerSettings, engine: Engine | None) -> ServerState:
     if engine is None:
-        engine = Engine(settings.target, draft=settings.draft, n_ctx=settings.n_ctx, n_batch=settings.n_batch,
+        engine = Engine(settings.target, draft=settings.draft, head=settings.head, n_ctx=settings.n_ctx,
+                        n_batch=settings.n_batch,
                         n_threads=settings.n_threads, n_gpu_layers=settings.n_gpu_layers, seed=settings.seed,
                         prefix_cache=settings.prefix_cache, pool_capacity=settings.pool_capacity,
                         repack=settings.repack, huge_pages=settings.huge_pages, ngram=settings.ngram,
@@ -164,7 +166,8 @@ def _start(settings: ServerSettings, engine: Engine | None) -> ServerState:
 
     name = settings.model_name or Path(engine.target_path).name.removesuffix(".gguf")
     names = tuple(dict.fromkeys((name, *settings.model_aliases)))
-    log.info("serving %s (draft: %s); chat template: %s", name, engine.draft_path, template.description)
+    log.info("serving %s (draft: %s, head: %s); chat template: %s", name, engine.draft_path, engine.head_path,
+             template.description)
     queue = GenerationQueue(engine, [observe], max_waiting=settings.max_queue)
     return ServerState(settings, engine, name, queue, metrics, pool, online, stats, time.time(), template, names)
 
@@ -426,6 +429,9 @@ def _gauges(state: ServerState) -> Iterable[tuple[str, str, str, float]]:
     for slot, version in sorted(state.engine.draft_versions.items()):
         yield "pyspec_draft_version", "Models the draft slot has held (1: as loaded, +1 per reload).", \
             f'{{slot="{slot}"}}', version
+    if state.engine.head_path is not None:
+        yield "pyspec_head_version", "Heads the engine has held (1: as loaded, +1 per reload).", "", \
+            state.engine.head_version
     pool = state.engine.pool_stats()
     yield "pyspec_pool_phrases", "Phrases in the phrase pool.", "", pool["size"]
     yield "pyspec_pool_capacity", "Phrases the phrase pool holds at most (--pool-capacity).", "", pool["capacity"]

@@ -48,14 +48,22 @@ class OnlineSettings:
 
 
 class OnlineLoop:
-    def __init__(self, engine: Engine, settings: OnlineSettings) -> None:
-        if not engine.has_draft:
-            raise ValueError("--online trains the draft model: start the server with --draft")
-        from ..online import OnlineDistiller  # needs the train extra (PyTorch)
+    """Trains the draft model when the engine has one, else its draft head (HeadDistiller: the
+    head's first step, from the target's hidden states of each served request)."""
 
+    def __init__(self, engine: Engine, settings: OnlineSettings) -> None:
+        if not engine.has_draft and engine.head_path is None:
+            raise ValueError("--online trains the draft model or the draft head: start the server with --draft "
+                             "or --head")
+        if engine.has_draft:
+            from ..online import OnlineDistiller as Distiller  # needs the train extra (PyTorch)
+        else:
+            from ..head.online import HeadDistiller as Distiller
+
+        self.trains = "draft" if engine.has_draft else "head"
         if settings.work_dir is not None:
             os.makedirs(settings.work_dir, exist_ok=True)
-        self.distiller: Any = OnlineDistiller(
+        self.distiller: Any = Distiller(
             engine,
             settings.distill_config(),
             update_interval=settings.update_interval, buffer_limit=settings.buffer_limit,

@@ -283,6 +283,7 @@ def speculation_summary(result: GenerationResult) -> dict[str, Any]:
         "method": result.method,
         "draft": result.draft,
         "draft_version": result.draft_version,
+        "head_version": result.head_version,
         "n_drafted": s.n_drafted,
         "n_accepted": s.n_accepted,
         "acceptance_rate": s.acceptance_rate,
