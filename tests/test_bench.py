@@ -48,7 +48,7 @@ def test_parse_methods() -> None:
     specs = parse_methods("lookup:8,chain,peer-pld", n_draft=5)
     assert [(m.label, m.name, m.n_draft) for m in specs] == [
         ("none", "none", None), ("lookup:8", "lookup", 8), ("chain", "chain", 5), ("peer-pld", "peer-pld", 5)]
-    with pytest.raises(ValueError, match="unknown method 'forest'.*available: auto, none, chain, tree, beam, lookup, ouroboros, redrafter, peer"):
+    with pytest.raises(ValueError, match="unknown method 'forest'.*available: auto, none, chain, tree, beam, lookup, ouroboros, redrafter, eagle, peer"):
         parse_methods("none,forest")
     specs = parse_methods("tree:24,beam:3x6,tree")
     assert [(m.label, m.name, dict(m.options)) for m in specs[1:]] == [
@@ -67,6 +67,10 @@ def test_parse_methods() -> None:
         parse_methods("beam:4")
     with pytest.raises(ValueError, match="expected tree:N"):
         parse_methods("tree:0")
+    assert [(m.label, dict(m.options)) for m in parse_methods("eagle:16,eagle")[1:]] == [
+        ("eagle:16", {"tree_nodes": 16}), ("eagle", {})]
+    with pytest.raises(ValueError, match="expected eagle:N"):
+        parse_methods("eagle:2x4")
     with pytest.raises(ValueError, match="positive integer"):
         parse_methods("lookup:x")
     with pytest.raises(ValueError, match="twice"):

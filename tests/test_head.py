@@ -223,6 +223,53 @@ def test_redrafter_with_backend_argmax_equals_plain(head_engine) -> None:
         assert spec.tokens == plain.tokens, prompt
 
 
+# -- method "eagle": EAGLE-2's dynamic tree over the head -------------------------------------------
+
+
+@pytest.mark.parametrize("nodes,depth,branching,expand", [(8, 6, 4, 1), (16, 5, 3, 4), (4, 2, 8, 8), (30, 8, 2, 3)])
+def test_eagle_tree_greedy_equals_plain(head_engine, nodes: int, depth: int, branching: int, expand: int) -> None:
+    for prompt in PROMPTS:
+        plain = head_engine.generate(prompt, max_tokens=48, method="none")
+        spec = head_engine.generate(prompt, max_tokens=48, method="eagle", tree_nodes=nodes, tree_depth=depth,
+                                    tree_branching=branching, tree_expand=expand)
+        assert spec.tokens == plain.tokens, (nodes, depth, prompt)
+        s = spec.stats
+        assert s.n_generated == s.n_accepted + s.n_target_calls
+        assert s.n_drafted <= nodes * s.n_target_calls
+        assert len(s.accept_histogram) == depth + 1
+        assert s.n_head_drafts == s.n_target_calls - s.n_empty_drafts > 0
+        assert spec.head_version == head_engine.head_version > 0
+
+
+def test_eagle_tree_accepts_more_than_one_chain(head_engine) -> None:
+    """With the same head, a tree of 16 nodes accepts more per target call than a chain of its
+    depth (a beam of one), and the tree keeps to its node budget."""
+    chain = head_engine.generate(PROMPTS[1], max_tokens=64, method="redrafter", beams=1, beam_length=5)
+    tree = head_engine.generate(PROMPTS[1], max_tokens=64, method="eagle", tree_nodes=16, tree_depth=5,
+                                tree_branching=4, tree_expand=4)
+    assert tree.tokens == chain.tokens
+    assert tree.stats.mean_accepted_depth > chain.stats.mean_accepted_depth
+    assert tree.stats.mean_draft_size <= 16
+
+
+def test_eagle_tree_samples_target_distribution(head_engine) -> None:
+    """Joint distribution of the first two sampled tokens (T = 1, top_k 6): the second is drafted
+    by the head's tree (deterministic candidates) and verified with exact multi-candidate
+    rejection sampling."""
+    prompt = head_engine.tokenize(PROMPTS[0])
+    _, _, n_accepted, _ = check_first_two_tokens(head_engine, prompt, method="eagle", tree_nodes=8, tree_depth=3,
+                                                 tree_branching=3, tree_expand=2)
+    assert n_accepted > 0
+
+
+def test_eagle_needs_a_head_and_a_fitting_tree(tiny_target: str, head_engine) -> None:
+    with pyspec.Engine(tiny_target, n_ctx=256, n_threads=1) as engine:
+        with pytest.raises(InvalidArgumentError, match="head"):
+            engine.generate(PROMPTS[0], max_tokens=4, method="eagle")
+    with pytest.raises(InvalidArgumentError, match="n_nodes"):
+        head_engine.generate(PROMPTS[0], max_tokens=4, method="eagle", tree_nodes=0)
+
+
 def test_redrafter_accepts_and_compresses(head_engine) -> None:
     r = head_engine.generate(PROMPTS[1], max_tokens=64, method="redrafter", beams=4, beam_length=5)
     s = r.stats

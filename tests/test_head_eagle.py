@@ -241,6 +241,19 @@ def test_eagle_head_greedy_equals_plain(native: dict[str, object], beams: int, l
         assert s.n_generated == s.n_accepted + s.n_target_calls
 
 
+def test_eagle_tree_over_the_eagle_head_equals_plain(native: dict[str, object]) -> None:
+    """Method "eagle" (EAGLE-2's dynamic tree) over an EAGLE-class head: each candidate is
+    stepped from its parent's predicted feature."""
+    engine = native["engine"]
+    engine.reload_head(native["files"]["f32"])
+    for prompt in PROMPTS:
+        plain = engine.generate(prompt, max_tokens=48, method="none")
+        spec = engine.generate(prompt, max_tokens=48, method="eagle", tree_nodes=12, tree_depth=5, tree_branching=3,
+                               tree_expand=3)
+        assert spec.tokens == plain.tokens, prompt
+        assert spec.stats.n_head_drafts > 0 and spec.stats.n_accepted > 0
+
+
 def test_engine_drafts_with_what_the_eagle_head_learned(native: dict[str, object]) -> None:
     engine = native["engine"]
     rates = {}

@@ -1,5 +1,6 @@
-// ReDrafter: beam search over a draft head (spec/draft_head.h) from the target's hidden state,
-// compressed into a prefix tree (prefix_match) and verified by the decoder in one target call.
+// Drafting over a draft head (spec/draft_head.h) from the target's hidden state, verified by the
+// decoder in one target call: ReDrafter's beam search, compressed into a prefix tree
+// (prefix_match), and EAGLE-2's dynamic tree.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -143,7 +144,156 @@ private:
     std::vector<Extension> ext_;
 };
 
+class HeadTreeDrafter final : public Drafter {
+public:
+    HeadTreeDrafter(DraftHead& head, const TreeParams& params) : head_(head), params_(params) {}
+
+    std::string name() const override { return "eagle"; }
+
+    void begin(const std::vector<int32_t>&) override {}
+
+    // EAGLE-2's dynamic tree over the head: the root's children are the head's `branching`
+    // likeliest tokens after the last committed one; each layer then steps the n_expand
+    // best-scoring candidates of the layer in one head call (each from its parent's state) and
+    // adds their `branching` likeliest tokens as the next layer; the n_nodes best-scoring
+    // candidates of all layers are verified. A score is the product of the head's probabilities
+    // along the path, so a child never outscores its parent and the kept candidates form a
+    // tree. The children are the head's top-k (deterministic: one-hot q, exact when sampling).
+    void draft(const DraftRequest& request, Draft& out) override {
+        out.clear();
+        ++stats_.n_draft_calls;
+        drafted_ = false;
+        if (!request.target_hidden) return;  // no hidden state before the first target decode
+        const int32_t n_nodes_max = std::min({params_.n_nodes, request.n_nodes_max, kMaxTreeNodes});
+        const int32_t depth_max = std::min(params_.depth, request.n_draft_max);
+        if (n_nodes_max <= 0 || depth_max <= 0) return;
+        const size_t d = size_t(head_.n_embd()), V = size_t(head_.n_kept());
+        const size_t branching = std::min(size_t(params_.branching), V);
+
+        cands_.clear();
+        states_.clear();  // [n_cands, d] state each candidate is stepped from: its parent's, after the parent's step
+        hidden_.assign(request.target_hidden, request.target_hidden + d);
+        std::vector<float> root_state(d);
+        head_.initial_state(hidden_.data(), root_state.data(), 1);
+        rows_.assign(1, head_.row_of(request.tokens->back()));
+        logits_.resize(V);
+        head_.step(hidden_.data(), root_state.data(), rows_.data(), 1, logits_.data());
+        ++stats_.n_model_decodes;
+        push_children(logits_.data(), V, branching, -1, 0, 0.0, root_state.data());
+
+        size_t layer_begin = 0;
+        std::vector<int32_t> layer;
+        for (int32_t depth = 0; depth + 1 < depth_max; ++depth) {
+            const size_t layer_end = cands_.size();
+            layer.clear();
+            for (size_t c = layer_begin; c < layer_end; ++c) layer.push_back(int32_t(c));
+            layer_begin = layer_end;
+            if (layer.empty()) break;
+            std::stable_sort(layer.begin(), layer.end(), [this](int32_t x, int32_t y) {
+                return cands_[size_t(x)].log_score > cands_[size_t(y)].log_score;
+            });
+            layer.resize(std::min(layer.size(), size_t(params_.n_expand)));
+            const size_t n = layer.size();
+            hidden_.resize(n * d);
+            step_states_.resize(n * d);
+            rows_.resize(n);
+            for (size_t i = 0; i < n; ++i) {
+                const size_t c = size_t(layer[i]);
+                std::copy_n(request.target_hidden, d, hidden_.begin() + long(i * d));
+                std::copy_n(states_.begin() + long(c * d), d, step_states_.begin() + long(i * d));
+                rows_[i] = cands_[c].row;
+            }
+            logits_.resize(n * V);
+            head_.step(hidden_.data(), step_states_.data(), rows_.data(), int32_t(n), logits_.data());
+            ++stats_.n_model_decodes;
+            for (size_t i = 0; i < n; ++i) {
+                const Candidate parent = cands_[size_t(layer[i])];
+                push_children(logits_.data() + i * V, V, branching, layer[i], depth + 1, parent.log_score,
+                              step_states_.data() + i * d);
+            }
+        }
+        select(n_nodes_max, out);
+        out.kinds.assign(out.tokens.size(), kind_head());
+        stats_.n_proposed += int64_t(out.tokens.size());
+        if (!out.tokens.empty()) {
+            ++stats_.n_head_drafts;
+            drafted_ = true;
+        }
+    }
+
+    void accept(const std::vector<int32_t>&, int32_t n_accepted) override {
+        stats_.n_accepted += n_accepted;
+        if (drafted_) stats_.n_head_accepted += n_accepted;
+    }
+
+    DrafterStats stats() const override { return stats_; }
+
+private:
+    struct Candidate {
+        int32_t token, row, parent, depth;  // row: the head's embedding row of token; parent: -1 for the root
+        double log_score;                    // summed log-probabilities of the head along the path
+    };
+
+    // The k likeliest columns of one row of head logits become children of `parent`, each to be
+    // stepped from `state` (the parent's state after its step): [d].
+    void push_children(const float* logits, size_t V, size_t k, int32_t parent, int32_t depth, double parent_log_score,
+                       const float* state) {
+        order_.resize(V);
+        for (size_t c = 0; c < V; ++c) order_[c] = int32_t(c);
+        std::partial_sort(order_.begin(), order_.begin() + long(k), order_.end(), [logits](int32_t a, int32_t b) {
+            return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+        });
+        const float peak = logits[order_[0]];
+        double sum = 0.0;
+        for (size_t c = 0; c < V; ++c) sum += std::exp(double(logits[c] - peak));
+        const double log_norm = double(peak) + std::log(sum);
+        const size_t d = size_t(head_.n_embd());
+        for (size_t i = 0; i < k; ++i) {
+            const int32_t column = order_[i];
+            cands_.push_back({head_.vocab()[size_t(column)], column, parent, depth,
+                              parent_log_score + double(logits[column]) - log_norm});
+            states_.insert(states_.end(), state, state + d);
+        }
+    }
+
+    // The n best candidates, best first (a parent before its children, siblings likeliest first).
+    void select(int32_t n, Draft& out) {
+        order_.resize(cands_.size());
+        for (size_t c = 0; c < cands_.size(); ++c) order_[c] = int32_t(c);
+        std::stable_sort(order_.begin(), order_.end(), [this](int32_t x, int32_t y) {
+            return cands_[size_t(x)].log_score > cands_[size_t(y)].log_score;
+        });
+        node_of_.assign(cands_.size(), -1);
+        for (int32_t c : order_) {
+            if (int32_t(out.tokens.size()) >= n) break;
+            const Candidate& cand = cands_[size_t(c)];
+            const int32_t parent_node = cand.parent < 0 ? -1 : node_of_[size_t(cand.parent)];
+            if (cand.parent >= 0 && parent_node < 0) continue;  // its parent was not kept (a tie)
+            node_of_[size_t(c)] = int32_t(out.tokens.size());
+            out.tokens.push_back(cand.token);
+            out.parents.push_back(parent_node);
+        }
+    }
+
+    DraftHead& head_;
+    TreeParams params_;
+    DrafterStats stats_;
+    bool drafted_ = false;
+    std::vector<Candidate> cands_;
+    std::vector<float> states_;       // [n_cands, d]
+    std::vector<float> hidden_;       // [n, d] the target's hidden state, once per stepped row
+    std::vector<float> step_states_;  // [n, d]
+    std::vector<int32_t> rows_;       // [n]
+    std::vector<float> logits_;       // [n, V']
+    std::vector<int32_t> order_, node_of_;
+};
+
 }  // namespace
+
+std::unique_ptr<Drafter> make_head_tree_drafter(DraftHead& head, const TreeParams& params) {
+    validate(params);
+    return std::make_unique<HeadTreeDrafter>(head, params);
+}
 
 std::unique_ptr<Drafter> make_head_beam_drafter(DraftHead& head, const BeamParams& params) {
     validate(params);

@@ -96,6 +96,12 @@ void check_tree(const GenerateParams& params, const MethodLimits& limits) {
     }
 }
 
+// The head keeps no cache: no KV sequence per expanded node, only the tree must fit a batch.
+void check_head_tree(const GenerateParams& params, const MethodLimits& limits) {
+    validate(params.tree);
+    check_tree_fits(tree_shape(params), limits);
+}
+
 void check_beam(const GenerateParams& params, const MethodLimits& limits) {
     validate(params.beam);
     check_tree_fits(beam_shape(params), limits);
@@ -126,6 +132,10 @@ std::unique_ptr<Drafter> make_beam(const GenerateParams& params, const DrafterRe
 
 std::unique_ptr<Drafter> make_redrafter(const GenerateParams& params, const DrafterResources& res) {
     return make_head_beam_drafter(*res.head, params.beam);
+}
+
+std::unique_ptr<Drafter> make_eagle(const GenerateParams& params, const DrafterResources& res) {
+    return make_head_tree_drafter(*res.head, params.tree);
 }
 
 std::unique_ptr<Drafter> make_ouroboros(const GenerateParams& params, const DrafterResources& res) {
@@ -159,6 +169,7 @@ const std::vector<DrafterMethod>& drafter_methods() {
         {"lookup",     U::never,     nullptr,                false, H::never,    nullptr,         lookup_shape,    check_lookup,    make_lookup},
         {"ouroboros",  U::required,  nullptr,                false, H::never,    nullptr,         ouroboros_shape, check_ouroboros, make_ouroboros},
         {"redrafter",  U::never,     nullptr,                false, H::required, nullptr,         beam_shape,      check_beam,      make_redrafter},
+        {"eagle",      U::never,     nullptr,                false, H::required, nullptr,         tree_shape,      check_head_tree, make_eagle},
     };
     return methods;
 }

@@ -92,10 +92,11 @@ AUTO_VARIANTS = {"no-head": (("auto_head", False),), "no-draft": (("auto_draft_m
                  "no-loose": (("lookup_loose_substitutions", False),),
                  "no-fences": (("lookup_fences", False),)}
 BEAM_SHAPED = ("beam", "redrafter")
+TREE_SHAPED = ("tree", "eagle")  # a ':N' suffix: the node budget
 
 
 def _shape_options(name: str, item: str, k: str) -> tuple[tuple[str, Any], ...]:
-    """tree:N -> tree_nodes N; beam:KxL, redrafter:KxL -> K beams of length L; auto:no-head,
+    """tree:N, eagle:N -> tree_nodes N; beam:KxL, redrafter:KxL -> K beams of length L; auto:no-head,
     auto:no-draft -> auto without the draft head / the draft model."""
     if name == "auto":
         if k not in AUTO_VARIANTS:
@@ -104,7 +105,7 @@ def _shape_options(name: str, item: str, k: str) -> tuple[tuple[str, Any], ...]:
     beam = name in BEAM_SHAPED
     parts = k.split("x") if beam else [k]
     if len(parts) != (2 if beam else 1) or not all(x.isdigit() and int(x) >= 1 for x in parts):
-        form = f"{name}:KxL (e.g. {name}:4x5)" if beam else "tree:N (node budget, e.g. tree:16)"
+        form = f"{name}:KxL (e.g. {name}:4x5)" if beam else f"{name}:N (node budget, e.g. {name}:16)"
         raise ValueError(f"bad shape in {item!r}: expected {form}")
     if beam:
         return (("beams", int(parts[0])), ("beam_length", int(parts[1])))
@@ -127,7 +128,7 @@ def parse_methods(spec: str | Sequence[str], n_draft: int | None = None) -> list
             raise ValueError(f"unknown method {name!r}; available: {', '.join(available)}")
         if colon and name in NO_DRAFT_LENGTH:
             raise ValueError(f"method {name!r} takes no ':K' suffix ({item!r})")
-        if name in ("tree", *BEAM_SHAPED) or (name == "auto" and colon):
+        if name in (*TREE_SHAPED, *BEAM_SHAPED) or (name == "auto" and colon):
             out.append(MethodSpec(item, name, None, _shape_options(name, item, k) if colon else ()))
             continue
         if colon and (not k.isdigit() or int(k) < 1):

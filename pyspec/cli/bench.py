@@ -79,7 +79,7 @@ def register(subparsers: Any) -> None:
                    help="with --temperature: seed every run with S (reproducible outputs; auto then leaves the draft "
                         "model out, as for any seeded sampled request); default: each run its own random stream")
     p.add_argument("--head", default=None, metavar="PATH",
-                   help="draft head GGUF (`pyspec train-head`) for method redrafter and for auto to weigh "
+                   help="draft head GGUF (`pyspec train-head`) for methods redrafter and eagle and for auto to weigh "
                         "(auto:no-head leaves it out)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the report as JSON")
     p.add_argument("--plot", default=None, metavar="PATH", help="also write a PNG bar chart (needs matplotlib)")

@@ -77,7 +77,7 @@ def register(sub: Any) -> None:
     gen = sub.add_parser("generate", help="generate text with a target (and draft) model")
     gen.add_argument("--target", required=True, help="GGUF path or registry name")
     gen.add_argument("--draft", default=None, help="GGUF path or registry name of the draft model")
-    gen.add_argument("--head", default=None, help="draft head GGUF for method redrafter (pyspec train-head)")
+    gen.add_argument("--head", default=None, help="draft head GGUF for methods redrafter and eagle (pyspec train-head)")
     src = gen.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--prompt-file", help="file with the prompt text ('-' for stdin)")
@@ -88,7 +88,7 @@ def register(sub: Any) -> None:
                           "curves of `pyspec calibrate`), chain (draft model chain), tree (draft model token "
                           "tree), beam (draft model beam search), lookup (prompt lookup + phrase pool, no draft "
                           "model), ouroboros (draft model + phrase pool), redrafter (beam search over a draft "
-                          "head, --head) or none (plain decoding)")
+                          "head, --head), eagle (EAGLE-2 tree over a draft head, --head) or none (plain decoding)")
     gen.add_argument("--auto-max-depth", type=int, default=d.auto_max_depth,
                      help=f"auto: longest lookup/pool path considered (default {d.auto_max_depth})")
     gen.add_argument("--auto-max-nodes", type=int, default=d.auto_max_nodes,
@@ -98,12 +98,12 @@ def register(sub: Any) -> None:
     gen.add_argument("--auto-no-draft-model", action="store_true",
                      help="auto: never draft with the draft model (lookup, pool and plain decoding only)")
     gen.add_argument("--auto-no-head", action="store_true", help="auto: never draft with the draft head (--head)")
-    gen.add_argument("--tree-nodes", type=int, default=d.tree_nodes, help=f"tree: node budget (default {d.tree_nodes})")
-    gen.add_argument("--tree-depth", type=int, default=d.tree_depth, help=f"tree: longest path (default {d.tree_depth})")
+    gen.add_argument("--tree-nodes", type=int, default=d.tree_nodes, help=f"tree, eagle: node budget (default {d.tree_nodes})")
+    gen.add_argument("--tree-depth", type=int, default=d.tree_depth, help=f"tree, eagle: longest path (default {d.tree_depth})")
     gen.add_argument("--tree-branching", type=int, default=d.tree_branching,
-                     help=f"tree: children per expanded node (default {d.tree_branching})")
+                     help=f"tree, eagle: children per expanded node (default {d.tree_branching})")
     gen.add_argument("--tree-expand", type=int, default=d.tree_expand,
-                     help=f"tree: frontier nodes expanded per draft decode (default {d.tree_expand})")
+                     help=f"tree, eagle: frontier nodes expanded per draft (or head) step (default {d.tree_expand})")
     gen.add_argument("--beams", type=int, default=d.beams,
                      help=f"beam, redrafter: number of beams K (default {d.beams})")
     gen.add_argument("--beam-length", type=int, default=d.beam_length,

@@ -26,7 +26,7 @@ def register(sub: Any) -> None:
     p.add_argument("--target", required=True, help="GGUF path or registry name")
     p.add_argument("--draft", default=None, help="GGUF path or registry name of the draft model")
     p.add_argument("--head", default=None, metavar="PATH",
-                   help="draft head GGUF (pyspec train-head) for methods redrafter and auto; with --online and "
+                   help="draft head GGUF (pyspec train-head) for methods redrafter, eagle and auto; with --online and "
                         "no --draft, the head is what learns from the traffic")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000)

@@ -144,6 +144,14 @@ class DraftHead;
 // of a request) it proposes nothing.
 std::unique_ptr<Drafter> make_head_beam_drafter(DraftHead& head, const BeamParams& params);
 
+// EAGLE-2's dynamic draft tree over a draft head (method "eagle"): as make_model_tree_drafter's,
+// with the head in place of the draft model. Each layer steps its n_expand best-scoring
+// candidates in one head call (rows: the candidates; the head keeps no cache, so no KV
+// sequences), from the parent's state after its step; the n_nodes best-scoring candidates of
+// all layers (score: the product of the head's probabilities along the path) are verified.
+// Deterministic top-k children: one-hot q, exact under sampling too.
+std::unique_ptr<Drafter> make_head_tree_drafter(DraftHead& head, const TreeParams& params);
+
 // Settings of the prompt-lookup drafter. Matches of ngram_max tokens are tried first, then
 // shorter ones down to ngram_min; 1 <= ngram_min <= ngram_max <= kLookupNgramLimit.
 struct LookupParams {
