@@ -45,7 +45,7 @@ if [ "$WHAT" = capi ]; then
   cmake --build "$BUILD" -j2 --target test_c_api >"$LOGS/build.txt"
 else
   cmake --build "$BUILD" -j2 --target test_verify test_lookup test_tree test_phrase_pool test_schedule test_cost_model \
-    test_pool_file test_model test_c_api _core >"$LOGS/build.txt"
+    test_pool_file test_model test_model_faults test_c_api _core >"$LOGS/build.txt"
 fi
 
 # Reports stop the process; leaks are checked in the C++ tests (the interpreter keeps objects
@@ -55,9 +55,17 @@ status=0
 
 if [ "$WHAT" = all ] || [ "$WHAT" = cpp ]; then
   echo "== C++ unit tests under ASan + UBSan (leak checking on)"
-  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 ctest --test-dir "$BUILD" --output-on-failure \
-    >"$LOGS/ctest.txt" 2>&1 || status=1
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 ctest --test-dir "$BUILD" -E '^test_model_faults$' \
+    --output-on-failure >"$LOGS/ctest.txt" 2>&1 || status=1
   tail -n 3 "$LOGS/ctest.txt"
+  # test_model_faults makes allocations fail inside llama.cpp's model and context creation: the
+  # uninstrumented libllama then leaks small blocks (24 blocks, 3.9 KB over the test's 56 failed
+  # constructions), which the test bounds itself (its heap check); leak checking stays on for the
+  # engine's own code above.
+  echo "== test_model_faults under ASan + UBSan (leaks measured by the test)"
+  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 ctest --test-dir "$BUILD" -R '^test_model_faults$' \
+    --output-on-failure >"$LOGS/ctest_faults.txt" 2>&1 || status=1
+  tail -n 3 "$LOGS/ctest_faults.txt"
 fi
 
 if [ "$WHAT" = capi ]; then

@@ -41,7 +41,7 @@ INT_FIELDS = ["max_tokens", "top_k", "n_draft", "auto_max_depth", "auto_max_node
               "pool_phrase_len", "pool_max_nodes", "trace_top_k", "seed", "logprobs"]
 FLOAT_FIELDS = ["temperature", "top_p", "min_p", "typical_epsilon", "typical_delta"]
 BOOL_FIELDS = ["auto_draft_model", "auto_head", "auto_corpus", "auto_adapt_costs", "lookup_unit_ends", "lookup_substitutions", "lookup_resync", "lookup_loose_substitutions", "lookup_fences", "pool",
-               "harvest_prompt", "harvest_generated", "harvest_verification", "return_logits"]
+               "harvest_prompt", "harvest_generated", "harvest_verification", "return_logits", "backend_argmax"]
 STR_FIELDS = ["method", "draft", "acceptance"]
 METHODS = ["auto", "none", "chain", "tree", "beam", "lookup", "ouroboros"]
 
