@@ -575,6 +575,20 @@ NB_MODULE(_core, m) {
             return std::make_pair(to_numpy(std::move(logits), {n_rows, n_vocab}),
                                   to_numpy(std::move(hidden), {n_rows, n_hidden}));
         }, "tokens"_a, "Target logits [n, n_vocab] and hidden states [n, n_hidden] (final norm applied) of every row.")
+        .def("evaluate_top_k", [](spec::Engine& engine, const std::vector<int32_t>& tokens, int32_t first_row, int32_t k) {
+            std::vector<int32_t> ids;
+            std::vector<float> probs, hidden;
+            {
+                nb::gil_scoped_release release;
+                engine.evaluate_top_k(tokens, first_row, k, ids, probs, hidden);
+            }
+            const size_t n_rows = tokens.size() - size_t(first_row);
+            const size_t n_hidden = n_rows ? hidden.size() / n_rows : 0;
+            return std::make_tuple(to_numpy(std::move(ids), {n_rows, size_t(k)}),
+                                   to_numpy(std::move(probs), {n_rows, size_t(k)}),
+                                   to_numpy(std::move(hidden), {n_rows, n_hidden}));
+        }, "tokens"_a, "first_row"_a, "k"_a,
+           "The target's top-k ids and probabilities [n - first_row, k] and hidden states [n - first_row, n_hidden].")
         .def("cost_signature", [](spec::Engine& engine, bool use_draft, const std::string& draft_name) {
             return (use_draft ? engine.draft(draft_name) : engine.target()).cost_signature();
         }, "use_draft"_a, "draft_name"_a = "")

@@ -887,6 +887,11 @@ class Engine:
         Target logits [n, n_vocab] and hidden states [n, n_hidden] (final norm applied) of every row.
         """
 
+    def evaluate_top_k(self, tokens: Sequence[int], first_row: int, k: int) -> tuple[NDArray[numpy.int32], NDArray[numpy.float32], NDArray[numpy.float32]]:
+        """
+        The target's top-k ids and probabilities [n - first_row, k] and hidden states [n - first_row, n_hidden].
+        """
+
     def cost_signature(self, use_draft: bool, draft_name: str = '') -> str: ...
 
     def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]: ...

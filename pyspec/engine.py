@@ -534,6 +534,21 @@ class Engine:
         finally:
             _forward_llama_logs()
 
+    def evaluate_top_k(self, tokens: Sequence[int], k: int, *, first_row: int = 0
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """What a draft head trains on, without any full logits row: for rows first_row .. n - 1
+        of `tokens` evaluated from scratch, the target's k likeliest next tokens (likeliest first)
+        and their probabilities at temperature 1 over the whole vocabulary, and the last-layer
+        hidden states (as evaluate_hidden's). Returns (top_ids [n', k] int32, top_probs [n', k]
+        float32, hidden [n', n_hidden] float32), n' = n - first_row; the top-k of a batch's rows
+        is taken in C++ on the engine's threads."""
+        try:
+            with self._locked():
+                ids, probs, hidden = self._core.evaluate_top_k(list(tokens), int(first_row), int(k))
+                return np.asarray(ids), np.asarray(probs), np.asarray(hidden)
+        finally:
+            _forward_llama_logs()
+
     def kv_cache_state(self, *, draft: bool | str = False) -> tuple[list[int], list[int]]:
         """What the target's (or a draft's) KV cache holds between requests: the tokens of
         sequence 0 that the next prompt may reuse, and llama.cpp's highest position in each

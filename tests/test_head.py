@@ -46,6 +46,27 @@ def test_plans_name_sequences_by_prompt_not_by_place() -> None:
     assert 0 < sum(spec.temperature > 0 for _, spec in large) < 30
 
 
+def test_evaluate_top_k_is_the_top_k_of_the_full_rows(tiny_target: str) -> None:
+    """Engine.evaluate_top_k (the top-k taken in C++ on the engine's threads, no full row kept)
+    against the full rows of evaluate_hidden, from a first row on; k and first_row are checked."""
+    with pyspec.Engine(tiny_target, n_ctx=512, n_batch=64, n_threads=2) as engine:
+        tokens = engine.tokenize(" ".join(WORDS * 12))  # > n_batch: rows from several decodes
+        logits, hidden = engine.evaluate_hidden(tokens)
+        ids, probs, top_hidden = engine.evaluate_top_k(tokens, 8, first_row=5)
+        assert ids.shape == probs.shape == (len(tokens) - 5, 8) and top_hidden.shape == (len(tokens) - 5, hidden.shape[1])
+        np.testing.assert_array_equal(top_hidden, hidden[5:])
+        rows = logits[5:].astype(np.float64)
+        full = np.exp(rows - rows.max(1, keepdims=True))
+        full /= full.sum(1, keepdims=True)
+        np.testing.assert_allclose(probs, np.take_along_axis(full, ids, axis=1), rtol=1e-4, atol=1e-7)
+        expected = -np.sort(-full, axis=1)[:, :8]
+        np.testing.assert_allclose(probs, expected, rtol=1e-4, atol=1e-7)  # the k largest, likeliest first
+        with pytest.raises(InvalidArgumentError, match="k must be"):
+            engine.evaluate_top_k(tokens, 0)
+        with pytest.raises(InvalidArgumentError, match="first_row"):
+            engine.evaluate_top_k(tokens, 4, first_row=len(tokens))
+
+
 def tiny_head_data(tiny_target: str, work: Path) -> dict[str, object]:
     """Data made by the tiny target in work/data (greedy and sampled answers to 60 prompts),
     split into training and held-out sequences, the kept vocabulary, the target's rows of it and

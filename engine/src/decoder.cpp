@@ -494,61 +494,6 @@ int64_t Engine::ngram_size() const {
     return ngram_ ? ngram_->size() : 0;
 }
 
-std::vector<float> Engine::evaluate(const std::vector<int32_t>& tokens, bool use_draft, bool all_rows,
-                                    const std::string& draft_name, int32_t first_row) {
-    if (!tokens.empty() && (first_row < 0 || first_row >= int32_t(tokens.size()))) {
-        throw InvalidArgumentError("evaluate: first_row " + std::to_string(first_row) + " is outside [0, " +
-                                   std::to_string(tokens.size()) + ")");
-    }
-    const int32_t first_output = all_rows ? first_row : int32_t(tokens.size()) - 1;
-    return evaluate_rows(use_draft ? draft(draft_name) : target(), tokens, first_output, nullptr);
-}
-
-std::vector<float> Engine::evaluate_hidden(const std::vector<int32_t>& tokens, std::vector<float>& hidden) {
-    hidden.clear();
-    return evaluate_rows(target(), tokens, 0, &hidden);
-}
-
-std::vector<float> Engine::evaluate_rows(Model& model, const std::vector<int32_t>& tokens, int32_t first_output,
-                                         std::vector<float>* hidden) {
-    if (tokens.empty()) throw InvalidArgumentError("evaluate needs at least one token");
-    if (int32_t(tokens.size()) > model.n_ctx()) {
-        throw ContextOverflowError(std::to_string(tokens.size()) + " tokens do not fit the context window of " +
-                                   std::to_string(model.n_ctx()));
-    }
-    const int32_t n_vocab = model.n_vocab();
-    const int32_t n_hidden = model.n_hidden();
-    const int32_t n_batch = model.params().n_batch;
-    const int32_t n = int32_t(tokens.size());
-    std::vector<float> out;
-    out.reserve(size_t(n - first_output) * size_t(n_vocab));
-    if (hidden) hidden->reserve(size_t(n - first_output) * size_t(n_hidden));
-    model.kv_clear();
-    model.set_hidden_output(hidden != nullptr);
-    model.set_backend_argmax(false);
-    try {
-        std::vector<BatchToken> batch;
-        for (int32_t i = 0; i < n; i += n_batch) {
-            const int32_t n_chunk = std::min(n_batch, n - i);
-            batch.clear();
-            for (int32_t j = i; j < i + n_chunk; ++j) batch.push_back({tokens[size_t(j)], j, {}, j >= first_output});
-            model.decode(batch);
-            for (int32_t r = 0; r < model.n_outputs(); ++r) {
-                const float* row = model.logits(r);
-                out.insert(out.end(), row, row + n_vocab);
-                if (hidden) hidden->insert(hidden->end(), model.hidden(r), model.hidden(r) + n_hidden);
-            }
-        }
-    } catch (...) {
-        model.set_hidden_output(false);
-        model.kv_clear();
-        throw;
-    }
-    model.set_hidden_output(false);
-    model.kv_clear();
-    return out;
-}
-
 CostCurve Engine::measure_target_cost(const std::vector<int32_t>& sizes, int32_t repeats,
                                       const CalibrationProgress& progress, int32_t context) {
     Model& model = target();

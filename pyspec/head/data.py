@@ -2,7 +2,7 @@
 
 For each prompt the target generates an answer (greedy, or sampled at a temperature), then the
 prompt + answer is evaluated once more from scratch with hidden states on
-(`Engine.evaluate_hidden`): row j of that pass holds the target's last-layer hidden state after
+(`Engine.evaluate_top_k`): row j of that pass holds the target's last-layer hidden state after
 token j (final norm applied) and its distribution of token j + 1. A head learns to predict the
 answer's later tokens from those rows, so only the rows from the last prompt token on are kept:
 
@@ -111,20 +111,6 @@ class HeadSequence:
         return int(self.hidden.shape[0])
 
 
-def top_k_rows(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Top-k ids (likeliest first) and their softmax probabilities, per row of [n, n_vocab]."""
-    k = min(k, logits.shape[1])
-    ids = np.argpartition(-logits, k - 1, axis=1)[:, :k]
-    picked = np.take_along_axis(logits, ids, axis=1)
-    order = np.argsort(-picked, axis=1, kind="stable")
-    ids = np.take_along_axis(ids, order, axis=1)
-    picked = np.take_along_axis(picked, order, axis=1)
-    peak = logits.max(axis=1, keepdims=True)
-    norm = np.exp(logits - peak).sum(axis=1, keepdims=True)
-    probs = np.exp(picked - peak) / norm
-    return ids.astype(np.int32), probs.astype(np.float16)
-
-
 def make_sequence(engine: "Engine", prompt_tokens: list[int], spec: SequenceSpec, config: DataConfig) -> HeadSequence:
     """Generates the target's answer and evaluates prompt + answer with hidden states."""
     # Plain decoding or auto (lookup and pool, no draft model) give the same tokens; auto is faster.
@@ -133,11 +119,10 @@ def make_sequence(engine: "Engine", prompt_tokens: list[int], spec: SequenceSpec
                              trace_top_k=0)
     tokens = list(prompt_tokens) + list(result.tokens)
     first_row = len(prompt_tokens) - 1
-    logits, hidden = engine.evaluate_hidden(tokens)
-    ids, probs = top_k_rows(logits[first_row:], config.top_k)
+    ids, probs, hidden = engine.evaluate_top_k(tokens, config.top_k, first_row=first_row)
     return HeadSequence(
         tokens=np.asarray(tokens, dtype=np.int32), first_row=first_row,
-        hidden=hidden[first_row:].astype(np.float16), top_ids=ids, top_probs=probs,
+        hidden=hidden.astype(np.float16), top_ids=ids, top_probs=probs.astype(np.float16),
         prompt_id=spec.prompt_id, temperature=spec.temperature,
     )
 
@@ -149,11 +134,10 @@ def make_reference_sequence(engine: "Engine", prompt_tokens: list[int], answer: 
     answer_tokens = engine.tokenize(answer, add_special=False, parse_special=False)[: config.reference_max_tokens]
     tokens = list(prompt_tokens) + answer_tokens
     first_row = min(max(first_row, 0), len(prompt_tokens) - 1)
-    logits, hidden = engine.evaluate_hidden(tokens)
-    ids, probs = top_k_rows(logits[first_row:], config.top_k)
+    ids, probs, hidden = engine.evaluate_top_k(tokens, config.top_k, first_row=first_row)
     return HeadSequence(
         tokens=np.asarray(tokens, dtype=np.int32), first_row=first_row,
-        hidden=hidden[first_row:].astype(np.float16), top_ids=ids, top_probs=probs,
+        hidden=hidden.astype(np.float16), top_ids=ids, top_probs=probs.astype(np.float16),
         prompt_id=spec.prompt_id, temperature=0.0, source="reference",
     )
 

@@ -255,6 +255,13 @@ public:
     // evaluate() of the target with every row, also returning each row's hidden state in `hidden`
     // ([n_tokens, n_hidden], see Model::hidden): the input of a draft head and its training data.
     std::vector<float> evaluate_hidden(const std::vector<int32_t>& tokens, std::vector<float>& hidden);
+    // Draft-head training data without any full logits row kept: the target's k likeliest tokens
+    // and their probabilities (temperature 1, over the whole vocabulary, likeliest first) and the
+    // hidden state of rows first_row .. n_tokens - 1 of `tokens` evaluated from scratch.
+    // top_ids / top_probs: [n_tokens - first_row, k]; hidden: [n_tokens - first_row, n_hidden].
+    // InvalidArgumentError unless 0 <= first_row < n_tokens and 1 <= k <= n_vocab.
+    void evaluate_top_k(const std::vector<int32_t>& tokens, int32_t first_row, int32_t k,
+                        std::vector<int32_t>& top_ids, std::vector<float>& top_probs, std::vector<float>& hidden);
 
     // The phrase pool shared by all requests (thread-safe; save / load / clear / stats), kept
     // alive for the caller even if close() runs meanwhile. Throws ClosedError after close().
