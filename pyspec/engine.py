@@ -16,7 +16,7 @@ from . import _core
 from . import calibration
 from .calibration import CostCurve, CostModelState
 from .config import DEFAULT_N_DRAFT, METHODS, GenerationConfig, check_text
-from .errors import EngineBusyError, EngineClosedError, InvalidArgumentError
+from .errors import EngineBusyError, EngineClosedError, InvalidArgumentError, SpecError
 from .results import GenerationResult, GenerationStats, StreamChunk, TokenLogprobs, Trace
 
 log = logging.getLogger("pyspec")
@@ -139,8 +139,10 @@ class Engine:
     on first use. The draft must share the target's vocabulary (checked at load time).
     drafts: more draft models by name ({"code": path, ...}), for per-request routing with
     generate(..., draft="code"); each is a draft slot like the default one (`draft`, slot "").
-    head: a draft head GGUF trained for this target (`pyspec train-head`) for method="redrafter";
-    reload_head() replaces it while serving.
+    head: a draft head GGUF trained for this target (`pyspec train-head`) for methods "redrafter"
+    and "eagle", and for "auto" to weigh; reload_head() replaces it while serving. None (the
+    default): the head `pyspec train-head` last wrote for this target file, if any
+    (pyspec.head.known; one that fails to load is skipped with a warning); False: no head.
     n_threads: CPU threads for decoding (default: all cores). n_gpu_layers: layers offloaded when
     llama.cpp was built with a GPU backend (-1 or more than the model has: all); None = the
     environment's PYSPEC_N_GPU_LAYERS, else 0 (nothing offloaded). seed: seeds the engine's random stream; pass
@@ -185,7 +187,7 @@ class Engine:
         repack: bool | str | None = None,
         drafts: Mapping[str, str | os.PathLike[str]] | None = None,
         prefix_cache: bool = True,
-        head: str | os.PathLike[str] | None = None,
+        head: str | os.PathLike[str] | bool | None = None,
         pool_capacity: int | None = None,
         huge_pages: bool = True,
         ngram: str | os.PathLike[str] | None = None,
@@ -230,7 +232,11 @@ class Engine:
                 if not name:
                     raise ValueError("named drafts need a non-empty name; pass the default one as draft=")
                 self.reload_draft(path, name=name)
-            if head is not None:
+            if head is None:
+                self._load_known_head()
+            elif head is not False:
+                if head is True:
+                    raise TypeError("head must be a path, None (the head known for the target) or False (none)")
                 self.reload_head(head)
             if ngram is not None:
                 self.load_ngram(ngram)
@@ -359,6 +365,26 @@ class Engine:
                 return int(self._core.head_version)
         finally:
             _forward_llama_logs()
+
+    def _load_known_head(self) -> None:
+        """The head `pyspec train-head` remembered for this target (pyspec.head.known), if any; one
+        that no longer loads is skipped with a warning (the engine starts without a head)."""
+        from .head.known import known_head
+
+        try:
+            path = known_head(self.target_path)
+        except OSError as exc:
+            log.warning("could not read the known draft heads: %s", exc)
+            return
+        if path is None:
+            return
+        try:
+            self.reload_head(path)
+        except (OSError, SpecError) as exc:
+            log.warning("the draft head known for %s does not load; starting without one: %s",
+                        os.path.basename(self.target_path), exc)
+            return
+        log.info("draft head %s (known for %s; head=False: none)", path, os.path.basename(self.target_path))
 
     def remove_head(self) -> None:
         """Frees the draft head (after a running generation ends); its version count stays."""

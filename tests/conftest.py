@@ -15,6 +15,10 @@ TARGET_SEED = 0
 # Cost curves measured by tests (method "auto") stay out of the user's cache; subprocesses
 # (CLI tests) inherit the variable.
 os.environ.setdefault("PYSPEC_CALIBRATION_DIR", tempfile.mkdtemp(prefix="pyspec-calibration-"))
+# So do the draft heads remembered per target (pyspec.head.known): an Engine made without head=
+# loads the one known for its target, and a user's own would change what tests measure. A test
+# that remembers a head points PYSPEC_HEADS at a directory of its own.
+os.environ["PYSPEC_HEADS"] = tempfile.mkdtemp(prefix="pyspec-heads-")
 
 
 @pytest.fixture(scope="session")

@@ -411,11 +411,17 @@ def test_head_gguf_round_trip(head_files: dict[str, object]) -> None:
         assert torch.allclose(a, b), name
 
 
-def test_train_head_command_makes_data_trains_resumes_and_exports(tmp_path: Path, tiny_target: str) -> None:
+def test_train_head_command_makes_data_trains_resumes_and_exports(tmp_path: Path, tiny_target: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """`pyspec train-head` end to end on the tiny target (HumanEval prompts through its chat
     template): data and training each stopped by --time-budget and resumed, held-out report, the
-    GGUF; a last run finds nothing to do, and `pyspec generate --head` drafts with the result."""
+    GGUF, remembered for the target; a last run finds nothing to do, and `pyspec generate` drafts
+    with the result, given with --head or not."""
     import json
+
+    from pyspec.head.known import known_head
+
+    monkeypatch.setenv("PYSPEC_HEADS", str(tmp_path / "heads"))  # the heads this test remembers stay its own
 
     from pyspec.data import load_prompt_slices
 
@@ -447,6 +453,7 @@ def test_train_head_command_makes_data_trains_resumes_and_exports(tmp_path: Path
     assert report["data_made"] == 0 and report["finished"] and report["step"] == report["total_steps"] > 1
     assert report["kept_vocab"] == 200 and 0 < report["coverage_train"] <= 1
     assert report["n_held_out_sequences"] > 0 and "acc" in report["history"][-1]
+    assert report["remembered"] and known_head(tiny_target) == (tmp_path / "h.gguf").resolve()
     steps = report["history"][-1]["step"]
     again = pyspec_cli(*args)
     assert again.returncode == 0, again.stderr
@@ -456,6 +463,13 @@ def test_train_head_command_makes_data_trains_resumes_and_exports(tmp_path: Path
                      "--max-tokens", "16", "--method", "redrafter", "--beams", "2", "--json")
     assert gen.returncode == 0, gen.stderr
     assert json.loads(gen.stdout)["head_version"] == 1
+    known = pyspec_cli("generate", "--target", tiny_target, "--prompt", "def f():", "--max-tokens", "16", "--method",
+                       "eagle", "--json")  # the remembered head, no --head
+    assert known.returncode == 0, known.stderr
+    assert json.loads(known.stdout)["head_version"] == 1
+    none = pyspec_cli("generate", "--target", tiny_target, "--no-head", "--prompt", "def f():", "--max-tokens", "8",
+                      "--method", "eagle")
+    assert none.returncode != 0 and "head" in none.stderr
     # --init-from: a new run starts from the trained head (its vocabulary, its weights: the
     # held-out loss before any step is the finished run's, not an untrained head's).
     tuned_args = [a if a != str(tmp_path / "h.gguf") else str(tmp_path / "h2.gguf") for a in args]
@@ -679,3 +693,45 @@ def test_server_online_without_draft_or_head_is_refused(tiny_target: str) -> Non
     with pyspec.Engine(tiny_target, n_ctx=256, n_threads=1) as engine:
         with pytest.raises(ValueError, match="--draft or --head"):
             OnlineLoop(engine, OnlineSettings())
+
+
+# -- the head known for a target ----------------------------------------------------------------------
+
+
+def test_an_engine_loads_the_head_known_for_its_target(tiny_target: str, head_files: dict[str, object],
+                                                       tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """Engine(target) without head= loads the head remembered for that target file (under any
+    directory: the key is the file's name and size); head=False loads none; a remembered head that
+    no longer loads is skipped with a warning, and one that was deleted is ignored."""
+    import logging
+    import shutil
+
+    from pyspec.head.known import forget_head, known_head, remember_head
+
+    monkeypatch.setenv("PYSPEC_HEADS", str(tmp_path / "heads"))
+    assert known_head(tiny_target) is None
+    head = tmp_path / "head.gguf"
+    shutil.copy(head_files["files"]["f32"], head)
+    remember_head(tiny_target, head)
+    copy = tmp_path / "elsewhere" / Path(tiny_target).name
+    copy.parent.mkdir()
+    shutil.copy(tiny_target, copy)
+    for target in (tiny_target, str(copy)):
+        with pyspec.Engine(target, n_ctx=512, n_threads=1) as engine:
+            assert engine.head_path == str(head.resolve())
+            r = engine.generate(PROMPTS[0], max_tokens=24, method="eagle")
+            assert r.head_version == 1 and r.tokens == engine.generate(PROMPTS[0], max_tokens=24, method="none").tokens
+    with pyspec.Engine(tiny_target, n_ctx=512, n_threads=1, head=False) as engine:
+        assert engine.head_path is None
+    head.write_bytes(b"not a head")
+    with caplog.at_level(logging.WARNING, logger="pyspec"), pyspec.Engine(tiny_target, n_ctx=512, n_threads=1) as engine:
+        assert engine.head_path is None
+    assert "does not load; starting without one" in caplog.text
+    head.unlink()
+    assert known_head(tiny_target) is None
+    with pyspec.Engine(tiny_target, n_ctx=512, n_threads=1) as engine:
+        assert engine.head_path is None
+    assert forget_head(tiny_target) and not forget_head(tiny_target)
+    with pytest.raises(TypeError, match="head must be a path"):
+        pyspec.Engine(tiny_target, n_ctx=512, n_threads=1, head=True)

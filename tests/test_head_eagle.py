@@ -322,7 +322,7 @@ def test_train_head_command_trains_an_eagle_head_the_engine_runs(tmp_path: Path,
     args = ["train-head", "--arch", "eagle", "--ff", "96", "--window", "16", "--target", tiny_target,
             "--data", str(tmp_path / "data"), "--out", str(tmp_path / "e.gguf"), "--prompts", "humaneval[0:8]",
             "--max-tokens", "24", "--kept-vocab", "200", "--epochs", "4", "--depth", "3", "--batch-size", "4",
-            "--eval-fraction", "0.25", "--dtype", "f32", "--threads", "2", "--json"]
+            "--eval-fraction", "0.25", "--dtype", "f32", "--threads", "2", "--no-remember", "--json"]
     partial = pyspec_cli(*args, "--time-budget", "0")   # data: one sequence only
     assert partial.returncode == 0, partial.stderr
     assert json.loads(partial.stdout)["total_steps"] is None and not (tmp_path / "e.gguf").exists()

@@ -180,7 +180,7 @@ def _top2_gap_one_token(engine: "Engine", tokens: list[int]) -> float:
     decoding, where the batched evaluation's may put the two best tokens further apart."""
     from ..engine import Engine
 
-    with Engine(engine.target_path, **engine.target_settings(), n_batch=1, prefix_cache=False) as one:
+    with Engine(engine.target_path, **engine.target_settings(), n_batch=1, prefix_cache=False, head=False) as one:
         return _top2_gap(one, tokens)
 
 
@@ -334,7 +334,7 @@ def run_bench(
         # processing and flatter its wall-time tok/s).
         engine = stack.enter_context(Engine(target_path, draft=draft_path, n_ctx=n_ctx, n_batch=ENGINE_N_BATCH,
                                             n_threads=n_threads, n_gpu_layers=n_gpu_layers,
-                                            prefix_cache=False, head=head, repack=repack,
+                                            prefix_cache=False, head=head or False, repack=repack,
                                             huge_pages=huge_pages, ngram=ngram, flash_attn=flash_attn))
         if any(m.name == "auto" for m in specs):
             engine.calibrate(progress=progress)  # cached curves, or measured now: not in the timings

@@ -16,7 +16,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from ..engine import Engine
 
     with Engine(args.target, draft=args.draft or None, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
-                rpc=args.rpc, **engine_options(args)) as engine:
+                rpc=args.rpc, head=False, **engine_options(args)) as engine:
         curves = engine.calibrate(force=args.force, repeats=args.repeats)
     payload = {name: {"n_tokens": list(c.n_tokens), "ms": [round(t, 2) for t in c.ms]} for name, c in curves.items()}
     if args.json:

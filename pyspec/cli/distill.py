@@ -34,7 +34,7 @@ def _cmd_distill(args: argparse.Namespace) -> int:
     config = DistillConfig(loss=args.loss, tau=args.tau, top_k=args.top_k, lr=args.lr, batch_size=args.batch_size,
                            train_vocab=args.train_vocab, train_blocks=args.train_blocks,
                            train_threads=args.train_threads, export_dtype=args.dtype, seed=args.seed)
-    with Engine(args.target, draft=args.draft, n_ctx=args.n_ctx, n_threads=args.threads,
+    with Engine(args.target, draft=args.draft, n_ctx=args.n_ctx, n_threads=args.threads, head=False,
                 **engine_options(args)) as engine:
         suite = load_suite(args.suite, args.n + args.eval)
         prompts = [engine.prompt_tokens(p.render(chat=not args.raw)) for p in suite]

@@ -33,7 +33,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     prompt_text = read_prompt(args)
     constraint = _constraint(args)
     with Engine(args.target, draft=args.draft, n_ctx=args.n_ctx, n_threads=args.threads,
-                n_gpu_layers=args.n_gpu_layers, head=args.head, ngram=args.ngram, rpc=args.rpc,
+                n_gpu_layers=args.n_gpu_layers, head=False if args.no_head else args.head, ngram=args.ngram, rpc=args.rpc,
                 **engine_options(args)) as engine:
         stats_path = stats_file_path(args, engine)
         prompt: Any = [{"role": "user", "content": prompt_text}] if args.chat else prompt_text
@@ -77,7 +77,10 @@ def register(sub: Any) -> None:
     gen = sub.add_parser("generate", help="generate text with a target (and draft) model")
     gen.add_argument("--target", required=True, help="GGUF path or registry name")
     gen.add_argument("--draft", default=None, help="GGUF path or registry name of the draft model")
-    gen.add_argument("--head", default=None, help="draft head GGUF for methods redrafter and eagle (pyspec train-head)")
+    gen.add_argument("--head", default=None,
+                     help="draft head GGUF for methods redrafter and eagle and for auto (default: the head pyspec "
+                          "train-head wrote for this target, if any)")
+    gen.add_argument("--no-head", action="store_true", help="no draft head, not even the one known for the target")
     src = gen.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--prompt-file", help="file with the prompt text ('-' for stdin)")

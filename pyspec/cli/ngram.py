@@ -14,7 +14,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
     from ..engine import Engine
     from ..models import resolve_model
 
-    with Engine(resolve_model(args.target), n_ctx=256, n_batch=64, n_threads=args.threads, prefix_cache=False) as engine:
+    with Engine(resolve_model(args.target), n_ctx=256, n_batch=64, n_threads=args.threads, prefix_cache=False,
+                head=False) as engine:
         if args.text:
             texts: Iterable[str] = (Path(p).read_text(encoding="utf-8") for p in args.text)
         else:

@@ -26,8 +26,10 @@ def register(sub: Any) -> None:
     p.add_argument("--target", required=True, help="GGUF path or registry name")
     p.add_argument("--draft", default=None, help="GGUF path or registry name of the draft model")
     p.add_argument("--head", default=None, metavar="PATH",
-                   help="draft head GGUF (pyspec train-head) for methods redrafter, eagle and auto; with --online and "
-                        "no --draft, the head is what learns from the traffic")
+                   help="draft head GGUF (pyspec train-head) for methods redrafter, eagle and auto (default: the head "
+                        "pyspec train-head wrote for this target, if any); with --online and no --draft, the head is "
+                        "what learns from the traffic")
+    p.add_argument("--no-head", action="store_true", help="no draft head, not even the one known for the target")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--model-name", default=None,
@@ -167,7 +169,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                                 top_p=args.top_p, top_k=args.top_k, min_p=args.min_p)
     online = online_settings(args)
     settings = ServerSettings(
-        target=args.target, draft=args.draft, head=args.head, model_name=args.model_name, n_ctx=args.n_ctx, n_batch=args.n_batch,
+        target=args.target, draft=args.draft, head=False if args.no_head else args.head,
+        model_name=args.model_name, n_ctx=args.n_ctx, n_batch=args.n_batch,
         n_threads=args.threads, n_gpu_layers=args.n_gpu_layers, rpc=args.rpc, seed=args.seed,
         prefix_cache=not args.no_prefix_cache, pool_capacity=args.pool_capacity, defaults=defaults,
         pool_file=args.pool_file, stats_file=args.stats_file, stats_save_interval_s=args.stats_save_interval,

@@ -60,7 +60,7 @@ def run_train_head(args: argparse.Namespace) -> dict[str, Any]:
         plan = plan_sequences(_interleave(groups), args.temperatures, args.sampled_every, reference=args.reference)
         bar = _progress("data")
         bar.total = len(plan)
-        with Engine(target, n_threads=args.threads, n_ctx=args.n_ctx, **engine_options(args)) as engine:
+        with Engine(target, n_threads=args.threads, n_ctx=args.n_ctx, head=False, **engine_options(args)) as engine:
             config = DataConfig(max_tokens=args.max_tokens, reference_max_tokens=args.reference_max_tokens)
             made, complete = make_training_data(engine, plan, data_dir, config,
                                                 on_sequence=lambda done, total: bar.update(done - bar.n),
@@ -179,6 +179,11 @@ def run_train_head(args: argparse.Namespace) -> dict[str, Any]:
     if state.finished:
         export_head(head, weights.info, out, dtype=args.dtype)
         report["head_bytes"] = out.stat().st_size
+        if args.remember:
+            from ..head.known import remember_head
+
+            remember_head(target, out)  # Engine(target) and auto use it from now on
+        report["remembered"] = bool(args.remember)
     write_report(work / "report.json", report)
     return report
 
@@ -207,7 +212,8 @@ def _cmd_train_head(args: argparse.Namespace) -> int:
               f"held-out answer tokens); held-out acc@k {last.get('acc')}, chain@k {last.get('chain')}"
               + (f" (the target's own answers: acc@k {last['answers']['acc']}, chain@k {last['answers']['chain']})"
                  if "answers" in last else "")
-              + f"; data {report['data_seconds']:.0f} s, training {report['train_seconds']:.0f} s")
+              + f"; data {report['data_seconds']:.0f} s, training {report['train_seconds']:.0f} s"
+              + ("; engines of this target now load it by default (--no-head: none)" if report.get("remembered") else ""))
     return 0
 
 
@@ -275,5 +281,8 @@ def register(subparsers: Any) -> None:
                    help="train with bfloat16 matrix products (torch autocast): 1.4x the steps per second on "
                         "an AMX CPU, slower on CPUs without bfloat16 units; held-out evaluation stays float32")
     p.add_argument("--n-ctx", type=int, default=4096)
+    p.add_argument("--remember", action=argparse.BooleanOptionalAction, default=True,
+                   help="make the written head the one an engine of this target loads by default, so that auto "
+                        "weighs it without --head (default; --no-remember: write the file only)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(handler=_cmd_train_head)

@@ -45,7 +45,7 @@ class ServerSettings:
 
     target: str
     draft: str | None = None
-    head: str | None = None  # a draft head GGUF (pyspec train-head) for methods redrafter and auto
+    head: str | bool | None = None  # Engine's head: a draft head GGUF, None: the one known for the target, False: none
     model_name: str | None = None     # the id clients send as "model" (default: the target's file stem)
     n_ctx: int = 4096
     n_batch: int = 512
