@@ -175,11 +175,18 @@ NB_MODULE(_core, m) {
 
     nb::class_<spec::TreeBatchLayout>(m, "TreeBatchLayout")
         .def_ro("depth", &spec::TreeBatchLayout::depth)
-        .def_ro("seq_ids", &spec::TreeBatchLayout::seq_ids)
+        .def_prop_ro("seq_ids", [](const spec::TreeBatchLayout& layout) {  // per node, as lists
+            std::vector<std::vector<int32_t>> ids(size_t(layout.n_nodes()));
+            for (int32_t i = 0; i < layout.n_nodes(); ++i) {
+                ids[size_t(i)].assign(layout.node_seq_ids(i), layout.node_seq_ids(i) + layout.n_node_seq_ids(i));
+            }
+            return ids;
+        })
         .def_ro("root_seq_ids", &spec::TreeBatchLayout::root_seq_ids)
         .def_ro("leaf_seq", &spec::TreeBatchLayout::leaf_seq)
         .def_ro("n_leaves", &spec::TreeBatchLayout::n_leaves);
-    m.def("layout_tree", &spec::layout_tree, "parents"_a);
+    m.def("layout_tree", static_cast<spec::TreeBatchLayout (*)(const std::vector<int32_t>&)>(&spec::layout_tree),
+          "parents"_a);
     m.def("prefix_match", &spec::prefix_match, "beams"_a, "n_beams"_a, "length"_a);
     nb::class_<spec::BeamTree>(m, "BeamTree")
         .def_ro("tokens", &spec::BeamTree::tokens)

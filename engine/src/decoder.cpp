@@ -95,22 +95,40 @@ void prefill(Request& req, const std::vector<int32_t>& prompt) {
     if (req.drafter) req.drafter->begin(prompt);
 }
 
+// One batch entry, refilled in place: its sequence-id vector keeps its capacity from step to step.
+// seq_ids: [n_seq_ids]
+void set_batch_token(BatchToken& entry, int32_t token, int32_t pos, const int32_t* seq_ids, int32_t n_seq_ids) {
+    entry.token = token;
+    entry.pos = pos;
+    entry.seq_ids.assign(seq_ids, seq_ids + n_seq_ids);
+    entry.output = true;
+}
+
 // Decodes the root (the pending committed token) and the draft in one target call. Tree nodes go
-// into leaf sequences that first receive the committed tokens (spec/tree.h).
+// into leaf sequences that first receive the committed tokens (spec/tree.h). The parents, the
+// layout and the batch are the request's, refilled every step without allocating once they have
+// held a draft of this size.
 void decode_draft(Request& req, std::vector<BatchToken>& batch) {
     const Draft& draft = req.draft;
     check_draft(draft, req.target.n_vocab());  // verification reads [n, n_vocab] rows of it
     const int32_t n = int32_t(draft.tokens.size());
-    req.parents = draft.parents.empty() ? chain_parents(n) : draft.parents;
-    req.layout = layout_tree(req.parents);
-    for (int32_t s = 1; s <= req.layout.n_leaves; ++s) req.target.kv_copy(0, s);
-    batch.clear();
-    batch.push_back({req.committed.back(), req.n_past, req.layout.root_seq_ids, true});
-    for (int32_t i = 0; i < n; ++i) {
-        batch.push_back({draft.tokens[size_t(i)], req.n_past + 1 + req.layout.depth[size_t(i)],
-                         req.layout.seq_ids[size_t(i)], true});
+    if (draft.parents.empty()) {
+        req.parents.resize(size_t(n));
+        for (int32_t i = 0; i < n; ++i) req.parents[size_t(i)] = i - 1;  // a chain
+    } else {
+        req.parents.assign(draft.parents.begin(), draft.parents.end());
     }
-    req.target.decode(batch);
+    layout_tree(req.parents, req.layout);
+    for (int32_t s = 1; s <= req.layout.n_leaves; ++s) req.target.kv_copy(0, s);
+    if (batch.size() < size_t(n) + 1) batch.resize(size_t(n) + 1);  // never shrunk: entries keep their vectors
+    const TreeBatchLayout& layout = req.layout;
+    set_batch_token(batch[0], req.committed.back(), req.n_past, layout.root_seq_ids.data(),
+                    int32_t(layout.root_seq_ids.size()));
+    for (int32_t i = 0; i < n; ++i) {
+        set_batch_token(batch[size_t(i) + 1], draft.tokens[size_t(i)], req.n_past + 1 + layout.depth[size_t(i)],
+                        layout.node_seq_ids(i), layout.n_node_seq_ids(i));
+    }
+    req.target.decode(batch.data(), n + 1);
 }
 
 // Row r's logits as the request's sampling sees them: the target's, or with penalties and biases

@@ -524,9 +524,10 @@ std::string Model::apply_chat_template(
     return std::string(buf.data(), size_t(n));
 }
 
-void Model::decode(const std::vector<BatchToken>& batch) {
-    const int32_t n = int32_t(batch.size());
-    if (n == 0) return;
+void Model::decode(const std::vector<BatchToken>& batch) { decode(batch.data(), int32_t(batch.size())); }
+
+void Model::decode(const BatchToken* batch, int32_t n) {
+    if (n <= 0) return;
     if (n > params_.n_batch) {
         throw InvalidArgumentError("batch of " + std::to_string(n) + " tokens exceeds n_batch=" +
                                    std::to_string(params_.n_batch));
@@ -569,7 +570,8 @@ void Model::decode(const std::vector<BatchToken>& batch) {
     last_decode_hidden_ = hidden_output_ && rc == 0;
     last_decode_argmax_ = backend_argmax_ && rc == 0;
     if (rc == 0) {
-        for (const BatchToken& t : batch) {
+        for (int32_t i = 0; i < n; ++i) {
+            const BatchToken& t = batch[size_t(i)];
             for (size_t s = 0; s < std::max<size_t>(1, t.seq_ids.size()); ++s) {
                 const int32_t seq = t.seq_ids.empty() ? 0 : t.seq_ids[s];
                 std::vector<int32_t>& held = kv_tokens_.at(size_t(seq));

@@ -1,6 +1,7 @@
 // Token trees: validation, depths, batch layout (leaf sequences), beam compression.
 #include "spec/tree.h"
 
+#include <algorithm>
 #include <string>
 
 #include "spec/error.h"
@@ -29,24 +30,35 @@ std::vector<int32_t> tree_depths(const std::vector<int32_t>& parents) {
 }
 
 TreeBatchLayout layout_tree(const std::vector<int32_t>& parents) {
+    TreeBatchLayout layout;
+    layout_tree(parents, layout);
+    return layout;
+}
+
+void layout_tree(const std::vector<int32_t>& parents, TreeBatchLayout& layout) {
     validate_tree(parents);
     const size_t n = parents.size();
-    TreeBatchLayout layout;
-    layout.depth = tree_depths(parents);
-    layout.seq_ids.assign(n, {});
+    // Every vector is refilled in place: a layout reused step after step stops allocating once
+    // it has held a tree of this size (the decoder lays out a draft every step).
+    layout.n_leaves = 0;
+    layout.depth.resize(n);
+    for (size_t i = 0; i < n; ++i) layout.depth[i] = parents[i] < 0 ? 0 : layout.depth[size_t(parents[i])] + 1;
     layout.leaf_seq.assign(n, 0);
-    layout.root_seq_ids = {0};
+    layout.root_seq_ids.assign(1, 0);
+    layout.seq_begin.resize(n + 1);
 
-    std::vector<bool> has_child(n, false);
+    std::vector<int32_t>& children = layout.scratch;
+    children.assign(n, 0);
     for (size_t i = 0; i < n; ++i) {
-        if (parents[i] >= 0) has_child[size_t(parents[i])] = true;
+        if (parents[i] >= 0) ++children[size_t(parents[i])];
     }
     int32_t n_leaves = 0;
-    for (size_t i = 0; i < n; ++i) n_leaves += has_child[i] ? 0 : 1;
+    for (size_t i = 0; i < n; ++i) n_leaves += children[i] ? 0 : 1;
     if (n_leaves <= 1) {
         // A chain: one path, the committed sequence itself.
-        for (size_t i = 0; i < n; ++i) layout.seq_ids[i] = {0};
-        return layout;
+        layout.seq_ids.assign(n, 0);
+        for (size_t i = 0; i <= n; ++i) layout.seq_begin[i] = int32_t(i);
+        return;
     }
 
     // Leaves get 1..n_leaves in node order; each leaf's sequence id goes up the path to the root.
@@ -56,17 +68,28 @@ TreeBatchLayout layout_tree(const std::vector<int32_t>& parents) {
                                    std::to_string(n_leaves));
     }
     layout.n_leaves = n_leaves;
+    // A node's sequences are its leaves': count them, lay the counts end to end, then fill. The
+    // leaf_seq vector counts first (leaves below each node), then what each node has received.
+    std::vector<int32_t>& count = layout.leaf_seq;
+    for (size_t i = 0; i < n; ++i) {
+        if (children[i]) continue;
+        for (int32_t node = int32_t(i); node >= 0; node = parents[size_t(node)]) ++count[size_t(node)];
+    }
+    layout.seq_begin[0] = 0;
+    for (size_t i = 0; i < n; ++i) layout.seq_begin[i + 1] = layout.seq_begin[i] + count[i];
+    layout.seq_ids.resize(size_t(layout.seq_begin[n]));
+    std::fill(count.begin(), count.end(), 0);
     int32_t seq = 0;
     for (size_t i = 0; i < n; ++i) {
-        if (has_child[i]) continue;
+        if (children[i]) continue;
         ++seq;
         for (int32_t node = int32_t(i); node >= 0; node = parents[size_t(node)]) {
-            layout.seq_ids[size_t(node)].push_back(seq);
+            layout.seq_ids[size_t(layout.seq_begin[size_t(node)] + count[size_t(node)]++)] = seq;
         }
         layout.root_seq_ids.push_back(seq);
     }
-    for (size_t i = 0; i < n; ++i) layout.leaf_seq[i] = layout.seq_ids[i].front();
-    return layout;
+    // Leaves were walked in increasing order, so every node's first id is its lowest leaf.
+    for (size_t i = 0; i < n; ++i) layout.leaf_seq[i] = layout.seq_ids[size_t(layout.seq_begin[i])];
 }
 
 std::vector<int32_t> prefix_match(const std::vector<int32_t>& beams, int32_t n_beams, int32_t length) {

@@ -1,6 +1,8 @@
 // Token trees: batch layout (positions, sequence-id sets), ReDrafter's prefix_match, beam
 // compression, greedy tree verification, validation. Hand-made trees, no model.
 #include <cstdio>
+#include <cstdlib>
+#include <new>
 #include <vector>
 
 #include "check.h"
@@ -12,11 +14,31 @@ using namespace spec;
 using Ids = std::vector<int32_t>;
 using IdSets = std::vector<std::vector<int32_t>>;
 
+// Heap allocations made by this executable (global operator new replaced below).
+long g_allocations = 0;
+
+// The sequence ids of every node of a layout, as lists.
+IdSets node_ids(const TreeBatchLayout& layout) {
+    IdSets ids;
+    for (int32_t i = 0; i < layout.n_nodes(); ++i) {
+        ids.emplace_back(layout.node_seq_ids(i), layout.node_seq_ids(i) + layout.n_node_seq_ids(i));
+    }
+    return ids;
+}
+
+void* operator new(std::size_t n) {
+    ++g_allocations;
+    if (void* p = std::malloc(n ? n : 1)) return p;
+    throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
 void test_chain_layout() {
     // A chain is one path: every node in sequence 0, no leaf sequences.
     const TreeBatchLayout layout = layout_tree(chain_parents(4));
     CHECK((layout.depth == Ids{0, 1, 2, 3}));
-    CHECK((layout.seq_ids == IdSets{{0}, {0}, {0}, {0}}));
+    CHECK((node_ids(layout) == IdSets{{0}, {0}, {0}, {0}}));
     CHECK((layout.root_seq_ids == Ids{0}));
     CHECK(layout.n_leaves == 0);
     CHECK(layout_tree({}).n_leaves == 0);
@@ -31,7 +53,8 @@ void test_tree_layout() {
     const TreeBatchLayout layout = layout_tree(parents);
     CHECK((layout.depth == Ids{0, 0, 1, 1, 1, 2}));
     CHECK(layout.n_leaves == 3);
-    CHECK((layout.seq_ids == IdSets{{1, 3}, {2}, {3}, {1}, {2}, {3}}));
+    const IdSets ids = node_ids(layout);
+    CHECK((ids == IdSets{{1, 3}, {2}, {3}, {1}, {2}, {3}}));
     CHECK((layout.root_seq_ids == Ids{0, 1, 2, 3}));
     CHECK((layout.leaf_seq == Ids{1, 2, 3, 1, 2, 3}));
     // Every node's first sequence is a leaf below it whose path contains exactly the node's
@@ -40,20 +63,42 @@ void test_tree_layout() {
         const int32_t seq = layout.leaf_seq[i];
         for (int32_t a = parents[i]; a >= 0; a = parents[size_t(a)]) {
             bool has = false;
-            for (int32_t s : layout.seq_ids[size_t(a)]) has = has || s == seq;
+            for (int32_t s : ids[size_t(a)]) has = has || s == seq;
             CHECK(has);
         }
     }
-    for (int32_t s : layout.seq_ids[3]) CHECK(s != 3);
-    for (int32_t s : layout.seq_ids[1]) CHECK(s != 3);
+    for (int32_t s : ids[3]) CHECK(s != 3);
+    for (int32_t s : ids[1]) CHECK(s != 3);
 }
 
 void test_star_layout() {
     // Root with three children: three leaves at depth 0, each its own sequence.
     const TreeBatchLayout layout = layout_tree({-1, -1, -1});
     CHECK((layout.depth == Ids{0, 0, 0}));
-    CHECK((layout.seq_ids == IdSets{{1}, {2}, {3}}));
+    CHECK((node_ids(layout) == IdSets{{1}, {2}, {3}}));
     CHECK((layout.root_seq_ids == Ids{0, 1, 2, 3}));
+}
+
+void test_layout_in_place_stops_allocating() {
+    // The decoder lays out a draft every step into one layout: once it has held the largest
+    // tree, laying out that tree, a chain, an empty draft or a smaller tree allocates nothing, and
+    // gives what a fresh layout of the same parents gives.
+    const Ids tree = {-1, -1, 0, 0, 1, 2, 5, 5, -1, 8};
+    const Ids chain = chain_parents(6), none, small = {-1, 0, 0};
+    TreeBatchLayout layout;
+    layout_tree(tree, layout);
+    const long before = g_allocations;
+    for (int i = 0; i < 100; ++i) {
+        for (const Ids* parents : {&tree, &chain, &none, &small, &tree}) layout_tree(*parents, layout);
+    }
+    CHECK(g_allocations == before);
+    for (const Ids* parents : {&tree, &chain, &none, &small}) {
+        layout_tree(*parents, layout);
+        const TreeBatchLayout fresh = layout_tree(*parents);
+        CHECK(node_ids(layout) == node_ids(fresh));
+        CHECK((layout.depth == fresh.depth) && (layout.root_seq_ids == fresh.root_seq_ids));
+        CHECK((layout.leaf_seq == fresh.leaf_seq) && layout.n_leaves == fresh.n_leaves);
+    }
 }
 
 void test_validation() {
@@ -180,6 +225,7 @@ int main() {
     test_chain_layout();
     test_tree_layout();
     test_star_layout();
+    test_layout_in_place_stops_allocating();
     test_validation();
     test_prefix_match_paper_example();
     test_prefix_match_extremes();

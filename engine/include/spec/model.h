@@ -130,6 +130,9 @@ public:
     // read them with logits(i) (i = index among the output rows). Throws ContextOverflowError when
     // the KV cache has no room, DecodeError otherwise. Batches larger than n_batch are an error.
     void decode(const std::vector<BatchToken>& batch);
+    // The same for the first n entries of `batch` ([n]): a caller that refills one buffer of
+    // entries every step keeps the entries past n (and their sequence-id vectors) for later.
+    void decode(const BatchToken* batch, int32_t n);
     // Convenience: tokens at consecutive positions from `pos0` in sequence 0; only the last
     // produces logits unless all_logits.
     void decode_seq(const int32_t* tokens, int32_t n_tokens, int32_t pos0, bool all_logits);

@@ -7,6 +7,7 @@
 // verification tries them in. A chain is the tree with parents[i] = i - 1.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -38,15 +39,26 @@ std::vector<int32_t> tree_depths(const std::vector<int32_t>& parents);
 // Before the batch is decoded every leaf sequence must also hold the committed tokens (copy
 // sequence 0 into it).
 struct TreeBatchLayout {
-    std::vector<int32_t> depth;                 // [n] node i goes at position n_past + 1 + depth[i]
-    std::vector<std::vector<int32_t>> seq_ids;  // [n] sequence ids of node i, lowest leaf first
-    std::vector<int32_t> root_seq_ids;          // sequence ids of the root
-    std::vector<int32_t> leaf_seq;              // [n] the first sequence id of node i
-    int32_t n_leaves = 0;                       // leaf sequences used (0 for a chain)
+    std::vector<int32_t> depth;         // [n] node i goes at position n_past + 1 + depth[i]
+    // The sequence ids of node i, lowest leaf first, are seq_ids[seq_begin[i] .. seq_begin[i + 1]):
+    // one flat buffer for all nodes, so a layout refilled every step stops allocating.
+    std::vector<int32_t> seq_ids;       // [sum over nodes of their sequence counts]
+    std::vector<int32_t> seq_begin;     // [n + 1]
+    std::vector<int32_t> root_seq_ids;  // sequence ids of the root
+    std::vector<int32_t> leaf_seq;      // [n] the first sequence id of node i
+    int32_t n_leaves = 0;               // leaf sequences used (0 for a chain)
+    std::vector<int32_t> scratch;       // [n] layout_tree's: children, then a fill cursor, per node
+
+    int32_t n_nodes() const { return int32_t(depth.size()); }
+    const int32_t* node_seq_ids(int32_t i) const { return seq_ids.data() + seq_begin[std::size_t(i)]; }
+    int32_t n_node_seq_ids(int32_t i) const { return seq_begin[std::size_t(i) + 1] - seq_begin[std::size_t(i)]; }
 };
 
 // Throws InvalidArgumentError for a malformed tree or more than kMaxTreeSeqs - 1 leaves.
 TreeBatchLayout layout_tree(const std::vector<int32_t>& parents);
+// The same into `layout`, reusing its vectors: no allocation once it has held a tree of this
+// size and shape (what the decoder does every step).
+void layout_tree(const std::vector<int32_t>& parents, TreeBatchLayout& layout);
 
 // ReDrafter's get_prefix_match: for beams [n_beams, length] (row-major), match[i][j] is the
 // smallest beam index k whose first j + 1 tokens equal beam i's first j + 1 tokens (so k <= i,
