@@ -25,10 +25,11 @@ log = logging.getLogger("gpu_check")
 
 STEPS = ("build", "test", "shapes", "plan", "real")
 # The engine's tests on tiny models that exercise decoding on the backend: greedy identity,
-# chi-square sampling, trees and beams, pools, lookup, auto, draft reload, logprobs, prefix cache.
+# chi-square sampling, trees and beams, pools, lookup, auto, draft reload, logprobs, prefix cache,
+# the rows' argmax on the backend (the default where the output layer is on the GPU).
 TEST_FILES = ("test_greedy.py", "test_sampling.py", "test_tree.py", "test_pool.py", "test_lookup.py",
               "test_auto.py", "test_draft_reload.py", "test_tiny_model.py", "test_logprobs.py",
-              "test_prefix_cache.py", "test_lifecycle.py", "test_hidden.py")
+              "test_prefix_cache.py", "test_lifecycle.py", "test_hidden.py", "test_backend_argmax.py")
 QUICK_TEST_FILES = ("test_greedy.py", "test_tiny_model.py")
 # --quick's stand-in for the real shapes: a small qwen2 model (seconds to write and time on a CPU).
 QUICK_SHAPE = ModelShape(arch="qwen2", n_vocab=4096, n_embd=256, n_layer=2, n_head=4, n_head_kv=2, n_ff=512,
