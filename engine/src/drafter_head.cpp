@@ -15,23 +15,81 @@
 namespace spec {
 namespace {
 
-class HeadBeamDrafter final : public Drafter {
-public:
-    HeadBeamDrafter(DraftHead& head, const BeamParams& params) : head_(head), params_(params) {}
+// A column of a head's logits with its log-softmax.
+struct Column {
+    int32_t column;
+    double log_prob;
+};
 
-    std::string name() const override { return "redrafter"; }
+// The k likeliest columns of one row of head logits with their log-softmax, likeliest first (ties:
+// the lower column). logits: [n]; order: scratch.
+void top_columns(const float* logits, size_t n, size_t k, std::vector<int32_t>& order, std::vector<Column>& top) {
+    order.resize(n);
+    for (size_t c = 0; c < n; ++c) order[c] = int32_t(c);
+    std::partial_sort(order.begin(), order.begin() + long(k), order.end(), [logits](int32_t a, int32_t b) {
+        return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    const float peak = logits[order[0]];
+    double sum = 0.0;
+    for (size_t c = 0; c < n; ++c) sum += std::exp(double(logits[c] - peak));
+    const double log_norm = double(peak) + std::log(sum);
+    top.clear();
+    for (size_t i = 0; i < k; ++i) top.push_back({order[i], double(logits[order[i]]) - log_norm});
+}
+
+// What both head drafters share: the head, the counters, and the bookkeeping of accepted tokens.
+class HeadDrafter : public Drafter {
+public:
+    explicit HeadDrafter(DraftHead& head) : head_(head) {}
 
     void begin(const std::vector<int32_t>&) override {}
+
+    void accept(const std::vector<int32_t>&, int32_t n_accepted) override {
+        stats_.n_accepted += n_accepted;
+        if (drafted_) stats_.n_head_accepted += n_accepted;
+    }
+
+    DrafterStats stats() const override { return stats_; }
+
+protected:
+    // Starts a draft; false when there is nothing to draft from: no hidden state before the
+    // first target decode of a request (a plain step).
+    bool start(const DraftRequest& request, Draft& out) {
+        out.clear();
+        ++stats_.n_draft_calls;
+        drafted_ = false;
+        return request.target_hidden != nullptr;
+    }
+
+    // Ends a draft that proposed `out`.
+    void finish(Draft& out) {
+        out.kinds.assign(out.tokens.size(), kind_head());
+        stats_.n_proposed += int64_t(out.tokens.size());
+        if (out.tokens.empty()) return;
+        ++stats_.n_head_drafts;
+        drafted_ = true;
+    }
+
+    DraftHead& head_;
+    DrafterStats stats_;
+    std::vector<int32_t> order_;  // top_columns' scratch
+    std::vector<Column> top_;
+
+private:
+    bool drafted_ = false;  // the last draft() proposed tokens (n_head_drafts)
+};
+
+class HeadBeamDrafter final : public HeadDrafter {
+public:
+    HeadBeamDrafter(DraftHead& head, const BeamParams& params) : HeadDrafter(head), params_(params) {}
+
+    std::string name() const override { return "redrafter"; }
 
     // K beams of L tokens, scored by summed head log-probabilities: the first step expands the
     // last committed token (one row), each later step all K beams in one head call. The head
     // has no cache: everything it needs is the hidden state and the beams' states.
     void draft(const DraftRequest& request, Draft& out) override {
-        out.clear();
-        ++stats_.n_draft_calls;
-        drafted_ = false;
-        // No hidden state before the first target decode of a request: a plain step.
-        if (!request.target_hidden) return;
+        if (!start(request, out)) return;
         const size_t K = size_t(std::min(params_.n_beams, request.n_nodes_max));
         size_t L = size_t(std::min(params_.length, request.n_draft_max));
         if (K == 0 || L == 0) return;
@@ -50,7 +108,7 @@ public:
         // beams: [K, L] kept-vocabulary columns; every beam starts from the one first state.
         std::vector<int32_t> beams(K * L), next_beams(K * L);
         std::vector<double> score(K), next_score(K);
-        top_columns(logits_.data(), V, K);
+        top_columns(logits_.data(), V, K, order_, top_);
         for (size_t b = 0; b < K; ++b) {
             beams[b * L] = top_.at(b).column;
             score[b] = top_.at(b).log_prob;
@@ -69,7 +127,7 @@ public:
             // The K best extensions over all beams (ties: the earlier beam, then the likelier token).
             ext_.clear();
             for (size_t b = 0; b < K; ++b) {
-                top_columns(logits_.data() + b * V, V, K);
+                top_columns(logits_.data() + b * V, V, K, order_, top_);
                 for (const Column& c : top_) ext_.push_back({score[b] + c.log_prob, b, c.column});
             }
             std::stable_sort(ext_.begin(), ext_.end(), [](const Extension& x, const Extension& y) { return x.score > y.score; });
@@ -90,67 +148,30 @@ public:
         const BeamTree tree = beams_to_tree(tokens, int32_t(K), int32_t(L));
         out.tokens = tree.tokens;
         out.parents = tree.parents;
-        out.kinds.assign(out.tokens.size(), kind_head());
         out.n_candidate_tokens = int32_t(K * L);
-        stats_.n_proposed += int64_t(out.tokens.size());
-        ++stats_.n_head_drafts;
-        drafted_ = true;
+        finish(out);
     }
-
-    void accept(const std::vector<int32_t>&, int32_t n_accepted) override {
-        stats_.n_accepted += n_accepted;
-        if (drafted_) stats_.n_head_accepted += n_accepted;
-    }
-
-    DrafterStats stats() const override { return stats_; }
 
 private:
-    struct Column {
-        int32_t column;
-        double log_prob;
-    };
     struct Extension {
         double score;
         size_t beam;
         int32_t column;
     };
 
-    // The k likeliest columns of one logits row with their log-softmax, likeliest first (ties:
-    // the lower column).
-    void top_columns(const float* logits, size_t n, size_t k) {
-        order_.resize(n);
-        for (size_t c = 0; c < n; ++c) order_[c] = int32_t(c);
-        std::partial_sort(order_.begin(), order_.begin() + long(k), order_.end(), [logits](int32_t a, int32_t b) {
-            return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-        });
-        const float peak = logits[order_[0]];
-        double sum = 0.0;
-        for (size_t c = 0; c < n; ++c) sum += std::exp(double(logits[c] - peak));
-        const double log_norm = double(peak) + std::log(sum);
-        top_.clear();
-        for (size_t i = 0; i < k; ++i) top_.push_back({order_[i], double(logits[order_[i]]) - log_norm});
-    }
-
-    DraftHead& head_;
     BeamParams params_;
-    DrafterStats stats_;
-    bool drafted_ = false;       // the last draft() proposed tokens (n_head_drafts)
     std::vector<float> hidden_;  // [K, d] the hidden state, once per beam
     std::vector<float> state_;   // [d]
     std::vector<int32_t> rows_;  // [K]
     std::vector<float> logits_;  // [K, V']
-    std::vector<int32_t> order_;
-    std::vector<Column> top_;
     std::vector<Extension> ext_;
 };
 
-class HeadTreeDrafter final : public Drafter {
+class HeadTreeDrafter final : public HeadDrafter {
 public:
-    HeadTreeDrafter(DraftHead& head, const TreeParams& params) : head_(head), params_(params) {}
+    HeadTreeDrafter(DraftHead& head, const TreeParams& params) : HeadDrafter(head), params_(params) {}
 
     std::string name() const override { return "eagle"; }
-
-    void begin(const std::vector<int32_t>&) override {}
 
     // EAGLE-2's dynamic tree over the head: the root's children are the head's `branching`
     // likeliest tokens after the last committed one; each layer then steps the n_expand
@@ -160,10 +181,7 @@ public:
     // along the path, so a child never outscores its parent and the kept candidates form a
     // tree. The children are the head's top-k (deterministic: one-hot q, exact when sampling).
     void draft(const DraftRequest& request, Draft& out) override {
-        out.clear();
-        ++stats_.n_draft_calls;
-        drafted_ = false;
-        if (!request.target_hidden) return;  // no hidden state before the first target decode
+        if (!start(request, out)) return;
         const int32_t n_nodes_max = std::min({params_.n_nodes, request.n_nodes_max, kMaxTreeNodes});
         const int32_t depth_max = std::min(params_.depth, request.n_draft_max);
         if (n_nodes_max <= 0 || depth_max <= 0) return;
@@ -213,20 +231,8 @@ public:
             }
         }
         select(n_nodes_max, out);
-        out.kinds.assign(out.tokens.size(), kind_head());
-        stats_.n_proposed += int64_t(out.tokens.size());
-        if (!out.tokens.empty()) {
-            ++stats_.n_head_drafts;
-            drafted_ = true;
-        }
+        finish(out);
     }
-
-    void accept(const std::vector<int32_t>&, int32_t n_accepted) override {
-        stats_.n_accepted += n_accepted;
-        if (drafted_) stats_.n_head_accepted += n_accepted;
-    }
-
-    DrafterStats stats() const override { return stats_; }
 
 private:
     struct Candidate {
@@ -238,54 +244,32 @@ private:
     // stepped from `state` (the parent's state after its step): [d].
     void push_children(const float* logits, size_t V, size_t k, int32_t parent, int32_t depth, double parent_log_score,
                        const float* state) {
-        order_.resize(V);
-        for (size_t c = 0; c < V; ++c) order_[c] = int32_t(c);
-        std::partial_sort(order_.begin(), order_.begin() + long(k), order_.end(), [logits](int32_t a, int32_t b) {
-            return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-        });
-        const float peak = logits[order_[0]];
-        double sum = 0.0;
-        for (size_t c = 0; c < V; ++c) sum += std::exp(double(logits[c] - peak));
-        const double log_norm = double(peak) + std::log(sum);
+        top_columns(logits, V, k, order_, top_);
         const size_t d = size_t(head_.n_embd());
-        for (size_t i = 0; i < k; ++i) {
-            const int32_t column = order_[i];
-            cands_.push_back({head_.vocab()[size_t(column)], column, parent, depth,
-                              parent_log_score + double(logits[column]) - log_norm});
+        for (const Column& c : top_) {
+            cands_.push_back({head_.vocab()[size_t(c.column)], c.column, parent, depth, parent_log_score + c.log_prob});
             states_.insert(states_.end(), state, state + d);
         }
     }
 
     // The n best candidates, best first (a parent before its children, siblings likeliest first).
     void select(int32_t n, Draft& out) {
-        order_.resize(cands_.size());
-        for (size_t c = 0; c < cands_.size(); ++c) order_[c] = int32_t(c);
-        std::stable_sort(order_.begin(), order_.end(), [this](int32_t x, int32_t y) {
-            return cands_[size_t(x)].log_score > cands_[size_t(y)].log_score;
-        });
-        node_of_.assign(cands_.size(), -1);
-        for (int32_t c : order_) {
-            if (int32_t(out.tokens.size()) >= n) break;
-            const Candidate& cand = cands_[size_t(c)];
-            const int32_t parent_node = cand.parent < 0 ? -1 : node_of_[size_t(cand.parent)];
-            if (cand.parent >= 0 && parent_node < 0) continue;  // its parent was not kept (a tie)
-            node_of_[size_t(c)] = int32_t(out.tokens.size());
-            out.tokens.push_back(cand.token);
-            out.parents.push_back(parent_node);
+        std::vector<int32_t> parent(cands_.size());
+        std::vector<double> score(cands_.size());
+        for (size_t c = 0; c < cands_.size(); ++c) {
+            parent[c] = cands_[c].parent;
+            score[c] = cands_[c].log_score;
         }
+        for (int32_t c : select_tree_nodes(parent, score, n, out.parents)) out.tokens.push_back(cands_[size_t(c)].token);
     }
 
-    DraftHead& head_;
     TreeParams params_;
-    DrafterStats stats_;
-    bool drafted_ = false;
     std::vector<Candidate> cands_;
     std::vector<float> states_;       // [n_cands, d]
     std::vector<float> hidden_;       // [n, d] the target's hidden state, once per stepped row
     std::vector<float> step_states_;  // [n, d]
     std::vector<int32_t> rows_;       // [n]
     std::vector<float> logits_;       // [n, V']
-    std::vector<int32_t> order_, node_of_;
 };
 
 }  // namespace

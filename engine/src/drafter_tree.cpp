@@ -216,26 +216,20 @@ private:
 
     // The n best candidates, best first (a parent before its children, siblings likeliest first).
     void select(int32_t n, Draft& out) {
-        order_.resize(cands_.size());
-        for (size_t c = 0; c < cands_.size(); ++c) order_[c] = int32_t(c);
-        std::stable_sort(order_.begin(), order_.end(),
-                         [this](int32_t x, int32_t y) { return cands_[size_t(x)].score > cands_[size_t(y)].score; });
-        node_of_.assign(cands_.size(), -1);
-        for (int32_t c : order_) {
-            if (int32_t(out.tokens.size()) >= n) break;
-            const Candidate& cand = cands_[size_t(c)];
-            const int32_t parent_node = cand.parent < 0 ? -1 : node_of_[size_t(cand.parent)];
-            if (cand.parent >= 0 && parent_node < 0) continue;  // its parent was not kept (a tie)
-            node_of_[size_t(c)] = int32_t(out.tokens.size());
-            out.tokens.push_back(cand.token);
-            out.parents.push_back(parent_node);
-            node_seq_.push_back(cand.seq);
+        std::vector<int32_t> parent(cands_.size());
+        std::vector<double> score(cands_.size());
+        for (size_t c = 0; c < cands_.size(); ++c) {
+            parent[c] = cands_[c].parent;
+            score[c] = cands_[c].score;
+        }
+        for (int32_t c : select_tree_nodes(parent, score, n, out.parents)) {
+            out.tokens.push_back(cands_[size_t(c)].token);
+            node_seq_.push_back(cands_[size_t(c)].seq);
         }
     }
 
     TreeParams params_;
     std::vector<Candidate> cands_;
-    std::vector<int32_t> order_, node_of_;
 };
 
 class ModelBeamDrafter final : public ModelTreeDrafterBase {

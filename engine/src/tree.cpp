@@ -92,6 +92,26 @@ void layout_tree(const std::vector<int32_t>& parents, TreeBatchLayout& layout) {
     for (size_t i = 0; i < n; ++i) layout.leaf_seq[i] = layout.seq_ids[size_t(layout.seq_begin[i])];
 }
 
+std::vector<int32_t> select_tree_nodes(const std::vector<int32_t>& candidate_parent, const std::vector<double>& score,
+                                       int32_t n, std::vector<int32_t>& node_parent) {
+    const size_t n_candidates = candidate_parent.size();
+    std::vector<int32_t> order(n_candidates);
+    for (size_t c = 0; c < n_candidates; ++c) order[c] = int32_t(c);
+    std::stable_sort(order.begin(), order.end(), [&score](int32_t x, int32_t y) { return score[size_t(x)] > score[size_t(y)]; });
+    std::vector<int32_t> node_of(n_candidates, -1), kept;
+    node_parent.clear();
+    for (int32_t c : order) {
+        if (int32_t(kept.size()) >= n) break;
+        const int32_t parent = candidate_parent[size_t(c)];
+        const int32_t parent_node = parent < 0 ? -1 : node_of[size_t(parent)];
+        if (parent >= 0 && parent_node < 0) continue;  // its parent was not kept (a tie)
+        node_of[size_t(c)] = int32_t(kept.size());
+        kept.push_back(c);
+        node_parent.push_back(parent_node);
+    }
+    return kept;
+}
+
 std::vector<int32_t> prefix_match(const std::vector<int32_t>& beams, int32_t n_beams, int32_t length) {
     if (n_beams < 0 || length < 0 || beams.size() != size_t(n_beams) * size_t(length)) {
         throw InvalidArgumentError("prefix_match: beams must hold n_beams * length = " +

@@ -88,6 +88,15 @@ BeamTree beams_to_tree(const std::vector<int32_t>& beams, int32_t n_beams, int32
 int32_t add_chain(std::vector<int32_t>& tokens, std::vector<int32_t>& parents, int32_t parent,
                   const int32_t* chain, int32_t n_chain, int32_t max_nodes);
 
+// EAGLE-2's selection from a grown candidate tree: the n candidates of highest score, best first
+// (ties: the earlier candidate), a candidate after its parent and only when its parent was kept.
+// A score that never rises along a path (a product of probabilities) keeps every parent ahead of
+// its children. candidate_parent: [c] a candidate index or -1 (the root); score: [c].
+// Returns the kept candidates in tree order; node_parent: [kept] the tree node of each one's
+// parent (-1: the root).
+std::vector<int32_t> select_tree_nodes(const std::vector<int32_t>& candidate_parent, const std::vector<double>& score,
+                                       int32_t n, std::vector<int32_t>& node_parent);
+
 // The nodes of a tree (tokens, parents; parents empty: a chain) that the accepted tokens walk
 // through: the n_accepted tokens before the last of `committed`, root first. Throws
 // InvalidArgumentError when they are not a path of the tree.
