@@ -233,6 +233,7 @@ NB_MODULE(_core, m) {
         .def_rw("max_depth", &spec::AutoParams::max_depth)
         .def_rw("max_nodes", &spec::AutoParams::max_nodes)
         .def_rw("max_gamma", &spec::AutoParams::max_gamma)
+        .def_rw("head_tree_nodes", &spec::AutoParams::head_tree_nodes)
         .def_rw("adapt_costs", &spec::AutoParams::adapt_costs)
         .def_rw("use_draft_model", &spec::AutoParams::use_draft_model)
         .def_rw("use_head", &spec::AutoParams::use_head)
@@ -273,6 +274,7 @@ NB_MODULE(_core, m) {
     m.def("kind_lookup_substituted_loose", &spec::kind_lookup_substituted_loose);
     m.def("kind_lookup_fence", &spec::kind_lookup_fence);
     m.def("kind_lookup_answer_start", &spec::kind_lookup_answer_start);
+    m.def("kind_head_alternative", &spec::kind_head_alternative);
     m.def("kind_corpus", &spec::kind_corpus, "confidence"_a);
     m.def("fnv1a64", [](const nb::bytes& data) { return spec::fnv1a64(data.data(), data.size()); }, "data"_a,
           "FNV-1a 64 of bytes (spec/checksum.h: the checksum of pyspec's file formats).");

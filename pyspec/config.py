@@ -121,9 +121,10 @@ class GenerationConfig:
     method: "auto" (the default: per step, whatever maximises expected tokens per second on this
     machine: the prompt-lookup + phrase-pool proposal trimmed to the nodes that pay, a draft-model
     chain when the draft's measured cost and running acceptance make it pay, a draft-head chain
-    when the engine has a head and its measured step cost and running acceptance make it pay, or
-    plain decoding; considers paths up to auto_max_depth, auto_max_nodes nodes, chains up to
-    auto_max_gamma, the draft model only when auto_draft_model, the head only when auto_head, the
+    when the engine has a head and its measured step cost and running acceptance make it pay
+    (drafted as an EAGLE-2 tree of up to auto_head_tree_nodes nodes pruned to what pays; 0:
+    chains only), or plain decoding; considers paths up to auto_max_depth, auto_max_nodes nodes,
+    chains up to auto_max_gamma, the draft model only when auto_draft_model, the head only when auto_head, the
     engine's n-gram table (Engine(ngram=...), `pyspec ngram build`) only when auto_corpus (chains
     of up to auto_corpus_max_depth tokens, each predicted from a context the table saw at least
     auto_corpus_min_total times); needs the cost curves of `pyspec calibrate`, measured
@@ -204,6 +205,7 @@ class GenerationConfig:
     auto_max_gamma: int = 8
     auto_draft_model: bool = True
     auto_head: bool = True
+    auto_head_tree_nodes: int = 16
     auto_corpus: bool = True
     auto_corpus_max_depth: int = 8
     auto_corpus_min_total: int = 10
@@ -279,6 +281,7 @@ class GenerationConfig:
         p.scheduler.max_gamma = int(self.auto_max_gamma)
         p.scheduler.use_draft_model = bool(self.auto_draft_model)
         p.scheduler.use_head = bool(self.auto_head)
+        p.scheduler.head_tree_nodes = int(self.auto_head_tree_nodes)
         p.scheduler.use_corpus = bool(self.auto_corpus)
         p.scheduler.corpus_max_depth = int(self.auto_corpus_max_depth)
         p.scheduler.corpus_min_total = int(self.auto_corpus_min_total)

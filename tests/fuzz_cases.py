@@ -35,7 +35,7 @@ KINDS = ("config", "prompt", "messages", "pool_file", "gguf", "gguf_draft", "eng
 
 # ---- case generators (pure: a random.Random in, a case out) ---------------------------------------
 
-INT_FIELDS = ["max_tokens", "top_k", "n_draft", "auto_max_depth", "auto_max_nodes", "auto_max_gamma",
+INT_FIELDS = ["max_tokens", "top_k", "n_draft", "auto_max_depth", "auto_max_nodes", "auto_max_gamma", "auto_head_tree_nodes",
               "auto_corpus_max_depth", "auto_corpus_min_total", "lookup_ngram_max", "lookup_ngram_min",
               "tree_nodes", "tree_depth", "tree_branching", "tree_expand", "beams", "beam_length", "pool_branches",
               "pool_phrase_len", "pool_max_nodes", "trace_top_k", "seed", "logprobs"]

@@ -342,6 +342,7 @@ def test_kind_names() -> None:
     assert _core.kind_name(_core.kind_lookup_substituted_loose()) == "lookup-substituted-loose"
     assert _core.kind_name(_core.kind_lookup_fence()) == "lookup-fence"
     assert _core.kind_name(_core.kind_lookup_answer_start()) == "lookup-answer-start"
+    assert _core.kind_name(_core.kind_head_alternative()) == "head-alternative"
     assert _core.kind_name(0) == "unknown" and _core.kind_name(300) == "unknown"
 
 

@@ -587,6 +587,28 @@ def test_auto_drafts_with_a_head_where_it_pays(tiny_target: str, head_files: dic
         assert off.stats.n_head_drafts == 0 and off.head_version == 0
 
 
+def test_auto_drafts_head_trees_pruned_to_what_pays(tiny_target: str, head_files: dict[str, object]) -> None:
+    """Where the head pays, auto drafts head trees (EAGLE-2, up to auto_head_tree_nodes nodes)
+    pruned by its planner: it verifies more than the chain's one path per step, keeps within the
+    budget and gives plain decoding's output; auto_head_tree_nodes=0 drafts chains as before."""
+    with pyspec.Engine(tiny_target, n_ctx=1024, n_threads=2, head=head_files["files"]["f32"]) as engine:
+        install_target_cost(engine, FLAT)
+        trees = chains = 0.0
+        for prompt in PROMPTS:
+            plain = engine.generate(prompt, max_tokens=48, method="none")
+            # No phrase pool: the first run's output would be a free draft for the second.
+            tree = engine.generate(prompt, max_tokens=48, auto_adapt_costs=False, auto_head_tree_nodes=12, pool=False)
+            chain = engine.generate(prompt, max_tokens=48, auto_adapt_costs=False, auto_head_tree_nodes=0, pool=False)
+            assert tree.tokens == plain.tokens == chain.tokens, prompt
+            assert tree.stats.n_head_drafts > 0 and chain.stats.n_head_drafts > 0
+            assert tree.stats.n_drafted <= 12 * tree.stats.n_target_calls
+            trees += tree.stats.n_drafted / tree.stats.n_head_drafts
+            chains += chain.stats.n_drafted / chain.stats.n_head_drafts
+        assert trees > chains  # a tree verifies other choices besides the chain's path
+        with pytest.raises(InvalidArgumentError, match="head_tree_nodes"):
+            engine.generate(PROMPTS[0], max_tokens=4, auto_head_tree_nodes=64)
+
+
 def test_auto_drops_a_head_that_does_not_pay(tiny_target: str, head_files: dict[str, object]) -> None:
     """Verification that costs 0.4 of a step per token: the optimistic prior gets the untrained
     head tried, its real acceptance stops it within a few drafts, and it stays stopped in later

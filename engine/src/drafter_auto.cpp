@@ -1,6 +1,6 @@
 // The auto scheduler (method "auto"): per step, the proposal and size that maximise expected
 // tokens per second under the measured cost curves (spec/schedule.h), or plain decoding: the free
-// proposal (prompt lookup and pool phrases), a draft-model chain or a draft-head chain.
+// proposal (prompt lookup and pool phrases), a draft-model chain, or a draft-head chain or tree.
 #include <algorithm>
 #include <chrono>
 #include <string>
@@ -21,6 +21,11 @@ namespace {
 // A draft-model or head chain is drafted only when its predicted rate beats the free proposal's
 // by this factor: the prediction rests on averages, the free proposal's on the nodes at hand.
 constexpr double kModelMargin = 1.02;
+
+// Auto's head trees (AutoParams::head_tree_nodes): children per expanded node, and nodes
+// expanded per head call.
+constexpr int32_t kHeadTreeBranching = 4;
+constexpr int32_t kHeadTreeExpand = 4;
 
 // The draft model's cache misses the tokens committed since it last drafted (the whole prompt
 // and output the first time it drafts in a request), and its first draft decodes them all. A
@@ -56,9 +61,14 @@ public:
           params_(params),
           head_(head) {
         if (draft_cost_) draft_costs_.set_prior(*draft_cost_);
-        // A greedy head chain: beam search with one beam.
+        // A greedy head chain: beam search with one beam; and the head tree that may replace it.
         if (head_.head) {
             head_chain_ = make_head_beam_drafter(*head_.head, {1, std::min(params.max_gamma, kMaxTreeNodes)});
+            if (params.head_tree_nodes > 0) {
+                head_tree_ = make_head_tree_drafter(
+                    *head_.head, {params.head_tree_nodes, std::min(params.max_gamma, kMaxTreeNodes), kHeadTreeBranching,
+                                  kHeadTreeExpand});
+            }
         }
     }
 
@@ -104,7 +114,11 @@ public:
             const int32_t head_max = std::min({gamma_max, request.n_nodes_max, kMaxTreeNodes});
             head_plan = plan_chain(head_acceptance(head_max), step_ms_, head_step_ms(request), head_max);
             if (head_plan.gamma > 0 && head_plan.tokens_per_ms() > best_rate) {
-                draft_with_head(request, head_plan.gamma, out);
+                if (head_tree_) {
+                    draft_head_tree(request, head_max, out);
+                } else {
+                    draft_with_head(request, head_plan.gamma, out);
+                }
                 return;
             }
         }
@@ -128,7 +142,8 @@ public:
 
     void accept(const std::vector<int32_t>& committed, int32_t n_accepted) override {
         stats_.n_accepted += n_accepted;
-        const bool by_model = used_ && used_ == chain_.get(), by_head = used_ && used_ == head_chain_.get();
+        const bool by_model = used_ && used_ == chain_.get();
+        const bool by_head = used_ && (used_ == head_chain_.get() || used_ == head_tree_.get());
         if (by_model || by_head) {
             // The accepted path and the target's next token.
             const int32_t* actual = committed.data() + committed.size() - size_t(n_accepted) - 1;
@@ -243,6 +258,29 @@ private:
         keep_chain_draft(out);
     }
 
+    // A head tree (EAGLE-2) as deep as the head may draft, pruned to the nodes worth verifying
+    // with the head's acceptance statistics, its top choices and its others apart.
+    void draft_head_tree(const DraftRequest& request, int32_t depth, Draft& out) {
+        const auto t0 = Clock::now();
+        const int64_t steps_before = head_tree_->stats().n_model_decodes;
+        DraftRequest head_request = request;
+        head_request.n_draft_max = depth;
+        head_request.n_nodes_max = std::min(request.n_nodes_max, params_.head_tree_nodes);
+        head_tree_->draft(head_request, out);
+        used_ = head_tree_.get();
+        const double sunk_ms = ms_since(t0);
+        const int64_t n_steps = head_tree_->stats().n_model_decodes - steps_before;
+        if (n_steps > 0) head_.step_cost->observe(1, sunk_ms / double(n_steps));
+        if (step_ms_.size() < out.tokens.size() + 2) {
+            step_ms_ = target_cost_.table(int32_t(out.tokens.size()) + 1, params_.adapt_costs);
+        }
+        // The tree's nodes are the head's deterministic choices: pruning them is exact when sampling too.
+        const DraftPlan plan = plan_draft(parents_of(out), out.kinds, *head_.acceptance, step_ms_, sunk_ms);
+        keep_nodes(plan.keep, 0, out.tokens, out.parents, out.kinds, out.probs);
+        if (!out.tokens.empty()) ++stats_.n_head_drafts;
+        keep_chain_draft(out);
+    }
+
     // The chain as it goes to verification, for the acceptance statistics.
     void keep_chain_draft(const Draft& out) {
         chain_draft_.tokens = out.tokens;
@@ -308,6 +346,7 @@ private:
     std::vector<uint8_t> corpus_kinds_;
     std::unique_ptr<Drafter> chain_;  // the draft model's chain drafter, once it has drafted
     std::unique_ptr<Drafter> head_chain_;  // the head's (one beam), when the engine has a head
+    std::unique_ptr<Drafter> head_tree_;   // the head's trees (params_.head_tree_nodes > 0)
     Model* model_;                    // null: the draft model is not considered
     const CostCurve* draft_cost_;
     const CostModel& target_cost_;
@@ -340,6 +379,10 @@ void validate(const AutoParams& params) {
     }
     if (params.corpus_min_total < 1) {
         throw InvalidArgumentError("auto corpus_min_total must be >= 1, got " + std::to_string(params.corpus_min_total));
+    }
+    if (params.head_tree_nodes < 0 || params.head_tree_nodes > kMaxTreeNodes) {
+        throw InvalidArgumentError("auto head_tree_nodes must be in [0, " + std::to_string(kMaxTreeNodes) + "], got " +
+                                   std::to_string(params.head_tree_nodes));
     }
 }
 

@@ -61,9 +61,9 @@ protected:
         return request.target_hidden != nullptr;
     }
 
-    // Ends a draft that proposed `out`.
+    // Ends a draft that proposed `out` (kinds: kind_head for every node unless already set).
     void finish(Draft& out) {
-        out.kinds.assign(out.tokens.size(), kind_head());
+        if (out.kinds.size() != out.tokens.size()) out.kinds.assign(out.tokens.size(), kind_head());
         stats_.n_proposed += int64_t(out.tokens.size());
         if (out.tokens.empty()) return;
         ++stats_.n_head_drafts;
@@ -238,6 +238,7 @@ private:
     struct Candidate {
         int32_t token, row, parent, depth;  // row: the head's embedding row of token; parent: -1 for the root
         double log_score;                    // summed log-probabilities of the head along the path
+        bool top;                            // its parent's likeliest child under the head
     };
 
     // The k likeliest columns of one row of head logits become children of `parent`, each to be
@@ -247,7 +248,8 @@ private:
         top_columns(logits, V, k, order_, top_);
         const size_t d = size_t(head_.n_embd());
         for (const Column& c : top_) {
-            cands_.push_back({head_.vocab()[size_t(c.column)], c.column, parent, depth, parent_log_score + c.log_prob});
+            cands_.push_back({head_.vocab()[size_t(c.column)], c.column, parent, depth, parent_log_score + c.log_prob,
+                              &c == &top_.front()});
             states_.insert(states_.end(), state, state + d);
         }
     }
@@ -260,7 +262,10 @@ private:
             parent[c] = cands_[c].parent;
             score[c] = cands_[c].log_score;
         }
-        for (int32_t c : select_tree_nodes(parent, score, n, out.parents)) out.tokens.push_back(cands_[size_t(c)].token);
+        for (int32_t c : select_tree_nodes(parent, score, n, out.parents)) {
+            out.tokens.push_back(cands_[size_t(c)].token);
+            out.kinds.push_back(cands_[size_t(c)].top ? kind_head() : kind_head_alternative());
+        }
     }
 
     TreeParams params_;

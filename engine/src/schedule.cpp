@@ -124,6 +124,12 @@ constexpr int32_t kLookupAnswerStart = kLookupFence + 1;
 constexpr double kAnswerStartPrior = 0.5;
 static_assert(kLookupAnswerStart < kNumKinds, "node kinds must fit kNumKinds");
 static_assert(kHead < kNumKinds, "node kinds must fit kNumKinds");
+// A head tree's other children (kind_head_alternative): the head's second and later choices. A
+// low prior, as a head's top choice is accepted far more often than its others; the statistics
+// decide (they are the head's own, apart from the other drafters').
+constexpr int32_t kHeadAlternative = kLookupAnswerStart + 1;
+constexpr double kHeadAlternativePrior = 0.2;
+static_assert(kHeadAlternative < kNumKinds, "node kinds must fit kNumKinds");
 
 bool is_corpus_kind(int32_t kind) { return kind >= kFirstCorpus && kind < kFirstCorpus + kCorpusKinds; }
 
@@ -140,6 +146,7 @@ double prior_mean(int32_t kind) {
     if (kind == kLookupContested) return kContestedPrior;
     if (is_model_kind(uint8_t(kind))) return (kind - kFirstModel + 0.5) / kModelKinds;
     if (kind == kHead) return kHeadPrior;
+    if (kind == kHeadAlternative) return kHeadAlternativePrior;
     if (is_corpus_kind(kind)) return kCorpusPrior[kind - kFirstCorpus];
     if (is_boundary_kind(kind)) return kBoundaryPrior;
     if (kind == kLookupSubstituted) return kSubstitutedPrior;
@@ -169,7 +176,9 @@ int32_t depth_cell(int32_t kind, int32_t depth) {
 // Whether a kind's prior is a measured acceptance rate (context matches, the corpus), so that
 // outcomes against it tell a fresh stream from the history; the draft model's and the head's
 // are optimistic on purpose.
-bool measured_prior(int32_t kind) { return kind != kKindUnknown && !is_model_kind(uint8_t(kind)) && kind != kHead; }
+bool measured_prior(int32_t kind) {
+    return kind != kKindUnknown && !is_model_kind(uint8_t(kind)) && kind != kHead && kind != kHeadAlternative;
+}
 
 }  // namespace
 
@@ -185,6 +194,7 @@ uint8_t kind_lookup_output(int32_t root_match_len) {
     return uint8_t(kFirstLookupOutput + match_bucket(root_match_len));
 }
 uint8_t kind_head() { return uint8_t(kHead); }
+uint8_t kind_head_alternative() { return uint8_t(kHeadAlternative); }
 uint8_t kind_lookup_boundary(int32_t match_len) { return uint8_t(kFirstBoundary + match_bucket(match_len)); }
 uint8_t kind_lookup_substituted() { return uint8_t(kLookupSubstituted); }
 uint8_t kind_lookup_resync() { return uint8_t(kLookupResync); }
@@ -206,6 +216,7 @@ std::string kind_name(uint8_t kind) {
     if (is_lookup_output_kind(kind)) return "lookup-output" + bucket(kind - kFirstLookupOutput);
     if (kind == kLookupContested) return "contested";
     if (kind == kHead) return "head";
+    if (kind == kHeadAlternative) return "head-alternative";
     if (is_boundary_kind(kind)) return "lookup-boundary" + bucket(kind - kFirstBoundary);
     if (kind == kLookupSubstituted) return "lookup-substituted";
     if (kind == kLookupResync) return "lookup-resync";
@@ -221,7 +232,7 @@ std::string kind_name(uint8_t kind) {
 }
 bool kind_has_depth(uint8_t kind) {
     return kind < kFirstLookup || is_model_kind(kind) || is_lookup_output_kind(kind) || kind == kHead ||
-           kind == kLookupResync || kind == kLookupFence || kind == kLookupAnswerStart;
+           kind == kHeadAlternative || kind == kLookupResync || kind == kLookupFence || kind == kLookupAnswerStart;
 }
 
 AcceptanceStats::AcceptanceStats() { clear(); }

@@ -46,6 +46,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             acceptance=args.acceptance, typical_epsilon=args.typical_epsilon, typical_delta=args.typical_delta,
             auto_max_depth=args.auto_max_depth, auto_max_nodes=args.auto_max_nodes,
             auto_max_gamma=args.auto_max_gamma, auto_draft_model=not args.auto_no_draft_model,
+            auto_head_tree_nodes=args.auto_head_tree_nodes,
             auto_head=not args.auto_no_head, **penalty_kwargs(args), **constraint,
         )
         if args.json:
@@ -101,6 +102,9 @@ def register(sub: Any) -> None:
     gen.add_argument("--auto-no-draft-model", action="store_true",
                      help="auto: never draft with the draft model (lookup, pool and plain decoding only)")
     gen.add_argument("--auto-no-head", action="store_true", help="auto: never draft with the draft head (--head)")
+    gen.add_argument("--auto-head-tree-nodes", type=int, default=d.auto_head_tree_nodes,
+                     help="auto: where a head chain pays, draft a head tree of up to this many nodes, pruned to what "
+                          f"pays (0: chains only; default {d.auto_head_tree_nodes})")
     gen.add_argument("--tree-nodes", type=int, default=d.tree_nodes, help=f"tree, eagle: node budget (default {d.tree_nodes})")
     gen.add_argument("--tree-depth", type=int, default=d.tree_depth, help=f"tree, eagle: longest path (default {d.tree_depth})")
     gen.add_argument("--tree-branching", type=int, default=d.tree_branching,

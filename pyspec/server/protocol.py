@@ -21,7 +21,8 @@ from ..results import GenerationResult, TokenLogprobs
 SPECULATIVE_FIELDS = (
     "grammar", "grammar_root", "json_schema", "grammar_drafts",
     "method", "draft", "n_draft", "top_k", "min_p",
-    "auto_max_depth", "auto_max_nodes", "auto_max_gamma", "auto_draft_model", "auto_head", "auto_corpus",
+    "auto_max_depth", "auto_max_nodes", "auto_max_gamma", "auto_draft_model", "auto_head", "auto_head_tree_nodes",
+    "auto_corpus",
     "auto_corpus_max_depth", "auto_corpus_min_total", "auto_adapt_costs",
     "lookup_ngram_max", "lookup_ngram_min", "lookup_unit_ends", "lookup_substitutions", "lookup_resync",
     "lookup_loose_substitutions", "lookup_fences",

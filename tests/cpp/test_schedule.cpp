@@ -66,6 +66,11 @@ void test_kinds() {
     CHECK(kind_head() < kNumKinds && kind_head() != kind_lookup_output(65) && !is_model_kind(kind_head()));
     CHECK(kind_has_depth(kind_head()) && kind_head() != kind_lookup_contested());
     CHECK_NEAR(AcceptanceStats().estimate(kind_head(), 5), kHeadPrior, 1e-12);
+    // A head tree's other choices: a kind of their own, keyed by depth, prior 0.2.
+    const uint8_t alternative = kind_head_alternative();
+    CHECK(alternative < kNumKinds && alternative != kind_head() && alternative != kind_lookup_answer_start());
+    CHECK(kind_has_depth(alternative) && !is_model_kind(alternative) && kind_name(alternative) == "head-alternative");
+    CHECK_NEAR(AcceptanceStats().estimate(alternative, 3), 0.2, 1e-12);
 }
 
 void test_acceptance_stats() {

@@ -284,6 +284,12 @@ struct AutoParams {
     // Consider the engine's draft head (spec/draft_head.h) when it has one. Its drafts are
     // deterministic, so seeded sampled requests use it too.
     bool use_head = true;
+    // Where a head chain pays, draft a head tree of up to this many nodes instead (EAGLE-2's
+    // dynamic tree, make_head_tree_drafter: 4 children per expanded node, 4 nodes expanded per
+    // head call, as deep as max_gamma) and keep the nodes the planner expects to pay, the head's
+    // top choices (kind_head) and its others (kind_head_alternative) each at their measured
+    // acceptance. 0: head chains only.
+    int32_t head_tree_nodes = 16;
     // Plan with the engine's cost model as corrected from the steps it has timed
     // (spec/cost_model.h); false: with the calibrated curve alone.
     bool adapt_costs = true;

@@ -121,10 +121,13 @@ uint8_t kind_lookup_fence();
 // The first nodes of the prompt's last closed code block, proposed from its opening fence before the
 // answer's first token (LookupParams::fence_tokens). One kind, keyed by depth; prior 0.5. 90.
 uint8_t kind_lookup_answer_start();
+// A node of a head tree (method eagle, auto's head trees) that is not its parent's likeliest
+// child under the head: keyed by depth, prior 0.2 (the head's top choices are kind_head). 91.
+uint8_t kind_head_alternative();
 bool is_model_kind(uint8_t kind);
 // A readable name of a node kind for reports: "lookup m4" (prompt lookup, match bucket from 4),
 // "pool m2", "lookup-output m3", "lookup-end", "contested", "model p0.7" (decile from 0.7),
-// "head", "corpus c0.9" (confidence bucket from 0.9), "lookup-boundary m17", "lookup-substituted", "lookup-resync",
+// "head", "head-alternative", "corpus c0.9" (confidence bucket from 0.9), "lookup-boundary m17", "lookup-substituted", "lookup-resync",
 // "lookup-substituted-loose", "lookup-fence", "lookup-answer-start",
 // "unknown".
 std::string kind_name(uint8_t kind);
