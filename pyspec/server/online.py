@@ -60,7 +60,6 @@ class OnlineLoop:
         else:
             from ..head.online import HeadDistiller as Distiller
 
-        self.trains = "draft" if engine.has_draft else "head"
         if settings.work_dir is not None:
             os.makedirs(settings.work_dir, exist_ok=True)
         self.distiller: Any = Distiller(
