@@ -729,7 +729,7 @@ def test_an_engine_loads_the_head_known_for_its_target(tiny_target: str, head_fi
     import logging
     import shutil
 
-    from pyspec.head.known import forget_head, known_head, remember_head
+    from pyspec.head.known import known_head, remember_head
 
     monkeypatch.setenv("PYSPEC_HEADS", str(tmp_path / "heads"))
     assert known_head(tiny_target) is None
@@ -754,6 +754,5 @@ def test_an_engine_loads_the_head_known_for_its_target(tiny_target: str, head_fi
     assert known_head(tiny_target) is None
     with pyspec.Engine(tiny_target, n_ctx=512, n_threads=1) as engine:
         assert engine.head_path is None
-    assert forget_head(tiny_target) and not forget_head(tiny_target)
     with pytest.raises(TypeError, match="head must be a path"):
         pyspec.Engine(tiny_target, n_ctx=512, n_threads=1, head=True)

@@ -191,16 +191,17 @@ public:
         cands_.clear();
         states_.clear();  // [n_cands, d] state each candidate is stepped from: its parent's, after the parent's step
         hidden_.assign(request.target_hidden, request.target_hidden + d);
-        std::vector<float> root_state(d);
-        head_.initial_state(hidden_.data(), root_state.data(), 1);
+        step_states_.resize(d);
+        head_.initial_state(hidden_.data(), step_states_.data(), 1);
         rows_.assign(1, head_.row_of(request.tokens->back()));
         logits_.resize(V);
-        head_.step(hidden_.data(), root_state.data(), rows_.data(), 1, logits_.data());
+        head_.step(hidden_.data(), step_states_.data(), rows_.data(), 1, logits_.data());
         ++stats_.n_model_decodes;
-        push_children(logits_.data(), V, branching, -1, 0, 0.0, root_state.data());
+        push_children(logits_.data(), V, branching, -1, 0.0, step_states_.data());
 
+        // Layer by layer: the candidates [layer_begin, end) are the last layer's.
         size_t layer_begin = 0;
-        std::vector<int32_t> layer;
+        std::vector<int32_t>& layer = layer_;
         for (int32_t depth = 0; depth + 1 < depth_max; ++depth) {
             const size_t layer_end = cands_.size();
             layer.clear();
@@ -226,8 +227,7 @@ public:
             ++stats_.n_model_decodes;
             for (size_t i = 0; i < n; ++i) {
                 const Candidate parent = cands_[size_t(layer[i])];
-                push_children(logits_.data() + i * V, V, branching, layer[i], depth + 1, parent.log_score,
-                              step_states_.data() + i * d);
+                push_children(logits_.data() + i * V, V, branching, layer[i], parent.log_score, step_states_.data() + i * d);
             }
         }
         select(n_nodes_max, out);
@@ -236,19 +236,19 @@ public:
 
 private:
     struct Candidate {
-        int32_t token, row, parent, depth;  // row: the head's embedding row of token; parent: -1 for the root
-        double log_score;                    // summed log-probabilities of the head along the path
-        bool top;                            // its parent's likeliest child under the head
+        int32_t token, row, parent;  // row: the head's embedding row of token; parent: -1 for the root
+        double log_score;            // summed log-probabilities of the head along the path
+        bool top;                    // its parent's likeliest child under the head
     };
 
     // The k likeliest columns of one row of head logits become children of `parent`, each to be
     // stepped from `state` (the parent's state after its step): [d].
-    void push_children(const float* logits, size_t V, size_t k, int32_t parent, int32_t depth, double parent_log_score,
+    void push_children(const float* logits, size_t V, size_t k, int32_t parent, double parent_log_score,
                        const float* state) {
         top_columns(logits, V, k, order_, top_);
         const size_t d = size_t(head_.n_embd());
         for (const Column& c : top_) {
-            cands_.push_back({head_.vocab()[size_t(c.column)], c.column, parent, depth, parent_log_score + c.log_prob,
+            cands_.push_back({head_.vocab()[size_t(c.column)], c.column, parent, parent_log_score + c.log_prob,
                               &c == &top_.front()});
             states_.insert(states_.end(), state, state + d);
         }
@@ -272,7 +272,8 @@ private:
     std::vector<Candidate> cands_;
     std::vector<float> states_;       // [n_cands, d]
     std::vector<float> hidden_;       // [n, d] the target's hidden state, once per stepped row
-    std::vector<float> step_states_;  // [n, d]
+    std::vector<float> step_states_;  // [n, d] the stepped rows' states, updated by the step
+    std::vector<int32_t> layer_;      // the candidates a layer steps
     std::vector<int32_t> rows_;       // [n]
     std::vector<float> logits_;       // [n, V']
 };

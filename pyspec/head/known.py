@@ -77,12 +77,3 @@ def remember_head(target_path: str | os.PathLike[str], head_path: str | os.PathL
     index = _read_index()
     index[target_key(target_path)] = str(Path(head_path).resolve())
     _write_index(index)
-
-
-def forget_head(target_path: str | os.PathLike[str]) -> bool:
-    """Forgets this target's head; False when none was remembered."""
-    index = _read_index()
-    if index.pop(target_key(target_path), None) is None:
-        return False
-    _write_index(index)
-    return True
