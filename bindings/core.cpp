@@ -321,7 +321,8 @@ NB_MODULE(_core, m) {
         .def("set_prior", &spec::CostModel::set_prior, "prior"_a)
         .def_prop_ro("prior", &spec::CostModel::prior)
         .def("at", &spec::CostModel::at, "k"_a)
-        .def("table", &spec::CostModel::table, "k_max"_a, "corrected"_a = true)
+        .def("table", nb::overload_cast<int32_t, bool>(&spec::CostModel::table, nb::const_), "k_max"_a,
+             "corrected"_a = true)
         .def("observe", &spec::CostModel::observe, "k"_a, "ms"_a)
         .def("correction", &spec::CostModel::correction, "k"_a)
         .def("n_observed", nb::overload_cast<int32_t>(&spec::CostModel::n_observed, nb::const_), "k"_a)

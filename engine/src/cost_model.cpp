@@ -12,9 +12,14 @@ void CostModel::set_prior(const CostCurve& prior) {
     n_seen_.assign(prior.n_tokens.size(), 0);
     last_seen_.assign(prior.n_tokens.size(), 0);
     n_observed_total_ = 0;
+    bucket_of_.clear();  // bucket() computes while it is empty
+    std::vector<int32_t> of(size_t(prior_.n_tokens.back()) + 1);
+    for (int32_t k = 0; k <= prior_.n_tokens.back(); ++k) of[size_t(k)] = bucket(k);
+    bucket_of_ = std::move(of);
 }
 
 int32_t CostModel::bucket(int32_t k) const {
+    if (!bucket_of_.empty()) return bucket_of_[size_t(std::clamp(k, 0, int32_t(bucket_of_.size()) - 1))];
     // The calibrated size nearest to k on a log scale (sizes grow roughly geometrically).
     const std::vector<int32_t>& sizes = prior_.n_tokens;
     const double lk = std::log(double(std::max(k, 1)));
@@ -54,7 +59,10 @@ bool CostModel::borrowed(int32_t b, double* log_ratio) const {
 
 double CostModel::correction(int32_t k) const {
     if (prior_.empty() || n_observed_total_ == 0) return 1.0;
-    const size_t b = size_t(bucket(k));
+    return bucket_correction(size_t(bucket(k)));
+}
+
+double CostModel::bucket_correction(size_t b) const {
     double from_neighbours = 0.0;
     if (n_seen_[b] == 0) return borrowed(int32_t(b), &from_neighbours) ? std::exp(from_neighbours) : 1.0;
     // A bucket not seen for a while fades into what its neighbours say now.
@@ -74,13 +82,30 @@ double CostModel::at(int32_t k) const {
 }
 
 std::vector<double> CostModel::table(int32_t k_max, bool corrected) const {
-    std::vector<double> ms(size_t(std::max(k_max, 1)) + 1, 0.0);
+    std::vector<double> ms;
+    table(k_max, corrected, ms);
+    return ms;
+}
+
+void CostModel::table(int32_t k_max, bool corrected, std::vector<double>& ms) const {
+    ms.assign(size_t(std::max(k_max, 1)) + 1, 0.0);
+    if (prior_.empty()) return;
+    // Sizes share their bucket's correction: each bucket's is worked out once.
+    const bool any = corrected && n_observed_total_ > 0;
+    int32_t b_current = -1;
+    double factor = 1.0;
     double running = 0.0;
     for (int32_t k = 1; k <= k_max; ++k) {
-        running = std::max(running, corrected ? at(k) : prior_.at(k));
+        if (any) {
+            const int32_t b = bucket(k);
+            if (b != b_current) {
+                b_current = b;
+                factor = bucket_correction(size_t(b));
+            }
+        }
+        running = std::max(running, prior_.at(k) * factor);
         ms[size_t(k)] = running;
     }
-    return ms;
 }
 
 void CostModel::observe(int32_t k, double ms) {

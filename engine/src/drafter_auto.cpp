@@ -99,7 +99,7 @@ public:
         // The head drafts from the target's hidden state, which the first step lacks.
         const bool head_ready = head_chain_ && request.target_hidden;
         const int32_t gamma_max = model_ || head_ready ? std::min(params_.max_gamma, request.n_draft_max) : 0;
-        step_ms_ = target_cost_.table(std::max(int32_t(free_.tokens.size()), gamma_max) + 1, params_.adapt_costs);
+        target_cost_.table(std::max(int32_t(free_.tokens.size()), gamma_max) + 1, params_.adapt_costs, step_ms_);
         const DraftPlan free_plan = plan_draft(free_parents, free_.kinds, acceptance_, step_ms_, 0.0);
 
         // The best of the free proposal, a draft-model chain and a head chain.
@@ -236,7 +236,7 @@ private:
         if (request.sampling->greedy()) {
             // The chain's length may depend on the drafted tokens only when they are not sampled.
             if (step_ms_.size() < out.tokens.size() + 2) {
-                step_ms_ = target_cost_.table(int32_t(out.tokens.size()) + 1, params_.adapt_costs);
+                target_cost_.table(int32_t(out.tokens.size()) + 1, params_.adapt_costs, step_ms_);
             }
             const DraftPlan plan = plan_draft(parents_of(out), out.kinds, acceptance_, step_ms_, sunk_ms);
             keep_nodes(plan.keep, model_->n_vocab(), out.tokens, out.parents, out.kinds, out.probs);
@@ -272,7 +272,7 @@ private:
         const int64_t n_steps = head_tree_->stats().n_model_decodes - steps_before;
         if (n_steps > 0) head_.step_cost->observe(1, sunk_ms / double(n_steps));
         if (step_ms_.size() < out.tokens.size() + 2) {
-            step_ms_ = target_cost_.table(int32_t(out.tokens.size()) + 1, params_.adapt_costs);
+            target_cost_.table(int32_t(out.tokens.size()) + 1, params_.adapt_costs, step_ms_);
         }
         // The tree's nodes are the head's deterministic choices: pruning them is exact when sampling too.
         const DraftPlan plan = plan_draft(parents_of(out), out.kinds, *head_.acceptance, step_ms_, sunk_ms);

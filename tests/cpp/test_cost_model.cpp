@@ -1,5 +1,6 @@
 // The online cost model: a calibration prior corrected from observed step times, per size bucket,
 // with unobserved sizes borrowing from their observed neighbours. No model.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <vector>
@@ -155,6 +156,34 @@ void test_a_slow_first_step_fades_into_its_neighbours() {
 
 }  // namespace
 
+void test_table_is_the_running_max_of_at() {
+    // The planner's table (worked out per bucket, written in place) is at(k) made non-decreasing,
+    // before any step, after steps of some sizes, with stale buckets, and past the largest size.
+    CostModel m;
+    m.set_prior(prior());
+    std::vector<double> t;
+    auto matches = [&](int32_t k_max, bool corrected) {
+        m.table(k_max, corrected, t);
+        CHECK(t.size() == size_t(k_max) + 1);
+        double running = 0.0;
+        for (int32_t k = 1; k <= k_max; ++k) {
+            running = std::max(running, corrected ? m.at(k) : prior().at(k));
+            CHECK(t[size_t(k)] == running);  // the same arithmetic: equal, not near
+        }
+        CHECK(m.table(k_max, corrected) == t);
+    };
+    matches(48, true);
+    for (int i = 0; i < 5; ++i) {
+        m.observe(2, 2.5 * 60.0);
+        m.observe(16, 0.7 * 280.0);
+    }
+    matches(48, true);
+    matches(70, false);
+    for (int i = 0; i < 80; ++i) m.observe(1, 31.0);  // 2 and 16 go stale and fade
+    matches(64, true);
+    matches(3, true);  // shorter than before: resized, nothing left over
+}
+
 int main() {
     test_prior_only();
     test_converges_to_a_wrong_prior_factor();
@@ -163,6 +192,7 @@ int main() {
     test_a_fast_step_corrects_a_busy_calibration_at_once();
     test_plans_follow_the_corrected_costs();
     test_a_slow_first_step_fades_into_its_neighbours();
+    test_table_is_the_running_max_of_at();
     std::printf("test_cost_model: %d checks, %d failures\n", g_checks, g_failures);
     return g_failures == 0 ? 0 : 1;
 }

@@ -47,6 +47,9 @@ public:
     // at(1..k_max), made non-decreasing in k: what the planner needs for one step. [k_max + 1],
     // entry 0 unused. corrected false: the prior alone.
     std::vector<double> table(int32_t k_max, bool corrected = true) const;
+    // The same, written into `ms` (resized; no allocation once it is large enough): what the
+    // planner calls every step.
+    void table(int32_t k_max, bool corrected, std::vector<double>& ms) const;
 
     // A step of k tokens took `ms` (the target decode, verification and commit: what the plan
     // pays per step besides drafting).
@@ -60,6 +63,7 @@ public:
 
 private:
     int32_t bucket(int32_t k) const;
+    double bucket_correction(size_t b) const;
     // The correction the observed buckets other than b give b (log); false when there are none.
     bool borrowed(int32_t b, double* log_ratio) const;
 
@@ -68,6 +72,9 @@ private:
     std::vector<int64_t> n_seen_;    // [n sizes of the prior]
     std::vector<int64_t> last_seen_;  // [n sizes of the prior] n_observed_total_ just after its last step
     int64_t n_observed_total_ = 0;
+    // [largest calibrated size + 1]: bucket(k) of every k up to the largest size (past it, the
+    // last bucket), so a step's table costs no logarithms.
+    std::vector<int32_t> bucket_of_;
 };
 
 }  // namespace spec
