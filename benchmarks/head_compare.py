@@ -11,6 +11,8 @@ model, by held-out acceptance at depth 1..5 (teacher-forced, no timing).
     # 3. the draft model on the same held-out rows, then the tables
     python benchmarks/head_compare.py draft --out DIR --draft qwen2.5-coder-0.5b-instruct
     python benchmarks/head_compare.py report --out DIR
+    # or a head `pyspec train-head` trained (its work directory: checkpoint and kept vocabulary)
+    python benchmarks/head_compare.py eval --out DIR --work HEAD.gguf.work --name NAME
 
 The measure, per held-out row t of the target's answer (the row that chose token x_{t+1}): at
 depth k, does the drafter's top-1 for x_{t+k+1}, given the true x_{t+1..t+k}, equal the target's
@@ -110,7 +112,7 @@ def run_train(args: argparse.Namespace) -> None:
         settings.update(n_head=args.n_head, n_ff=args.n_ff, window=args.window, feature_weight=args.feature_weight,
                         attention=not args.no_attention)
         train_set = build_windows(train, column_of, args.train_depth, args.window)
-        held_set = build_windows(held, column_of, DEPTH)
+        held_set = build_windows(held, column_of, DEPTH, 1 if args.no_attention else None)
         fw = args.feature_weight
 
         def loss_fn(h: Any, w: Any, idx: np.ndarray) -> Any:
@@ -147,7 +149,7 @@ def run_train(args: argparse.Namespace) -> None:
     for suite in SUITES:
         seqs = [s for s in held if suite_of(s.prompt_id) == suite]
         if seqs:
-            subset = (build_windows(seqs, column_of, DEPTH) if args.head == "eagle"
+            subset = (build_windows(seqs, column_of, DEPTH, 1 if args.no_attention else None) if args.head == "eagle"
                       else build_examples(seqs, column_of, DEPTH))
             per_suite[suite] = eval_fn(head, subset)
     report = {"head": args.head, "settings": settings, "config": asdict(config),
@@ -159,6 +161,56 @@ def run_train(args: argparse.Namespace) -> None:
     if args.head == "redrafter" or args.no_attention:
         from pyspec.head.gguf_io import export_head
         export_head(head, weights.info, work / "head.gguf", dtype="q8_0")
+    print(json.dumps({k: report[k] for k in ("held_out", "per_suite")}, indent=1))
+
+
+def run_eval(args: argparse.Namespace) -> None:
+    """A head `pyspec train-head` trained, from its work directory (checkpoint, kept vocabulary),
+    on the held-out rows: the same report as `train` writes, in OUT/NAME."""
+    import torch
+    from pyspec.head.eagle import EagleConfig, EagleHead
+    from pyspec.head.eagle_train import build_windows, evaluate_windows
+    from pyspec.head.gguf_io import new_head, read_target
+    from pyspec.head.train import build_examples, evaluate, write_report
+
+    torch.set_num_threads(args.threads)
+    if args.work is None or not (args.work / "checkpoint.pt").exists():
+        raise SystemExit(f"--work must be a train-head work directory with a checkpoint.pt, got {args.work}")
+    ckpt = torch.load(args.work / "checkpoint.pt", weights_only=False)
+    vocab = np.load(args.work / "vocab.npy")
+    weights = read_target(resolve_model(args.target), vocab)
+    column_of = np.full(weights.info.n_vocab, -1, dtype=np.int64)
+    column_of[vocab] = np.arange(len(vocab))
+    settings = dict(ckpt.get("settings") or {})
+    output = None if weights.output is None else torch.from_numpy(weights.output)
+    if settings.get("arch") == "eagle":
+        kind = "eagle"
+        head = EagleHead(EagleConfig(n_embd=weights.info.n_embd, n_target_vocab=weights.info.n_vocab,
+                                     n_ff=int(settings["ff"]), attention=False),
+                         torch.from_numpy(vocab), torch.from_numpy(weights.embedding), output)
+        examples = lambda seqs: build_windows(seqs, column_of, DEPTH, 1)  # noqa: E731
+        eval_fn = evaluate_windows
+    else:
+        kind = "redrafter"
+        n_res = len({k.split(".")[1] for k in ckpt["head"] if k.startswith("res.")})
+        head = new_head(weights, vocab, n_res_layers=n_res)
+        examples = lambda seqs: build_examples(seqs, column_of, DEPTH)  # noqa: E731
+        eval_fn = evaluate
+    head.load_state_dict(ckpt["head"])
+    held = held_out_sequences(args.out)
+    per_suite = {suite: eval_fn(head, examples(seqs)) for suite in SUITES
+                 if (seqs := [s for s in held if suite_of(s.prompt_id) == suite])}
+    history = ckpt.get("history") or []
+    minutes = (history[-1]["time"] - history[0]["time"]) / 60 if len(history) > 1 else None
+    settings.update(head=kind, kept_vocab=int(len(vocab)))
+    report = {"head": kind, "settings": settings, "config": ckpt["config"], "steps": ckpt["step"],
+              "trainable_parameters": sum(p.numel() for p in head.parameters() if p.requires_grad),
+              "macs_per_token": head_macs(head, kind),
+              "train_minutes": None if minutes is None else round(minutes, 1),
+              "held_out": eval_fn(head, examples(held)), "per_suite": per_suite, "work": str(args.work)}
+    work = args.out / (args.name or f"{kind}-{len(vocab)}")
+    work.mkdir(parents=True, exist_ok=True)
+    write_report(work / "report.json", report)
     print(json.dumps({k: report[k] for k in ("held_out", "per_suite")}, indent=1))
 
 
@@ -234,7 +286,7 @@ def run_report(args: argparse.Namespace) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("step", choices=("data", "train", "draft", "report"))
+    p.add_argument("step", choices=("data", "train", "eval", "draft", "report"))
     p.add_argument("--out", type=Path, required=True, help="the comparison's directory")
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
@@ -255,9 +307,11 @@ def main() -> None:
     p.add_argument("--res-layers", type=int, default=1)
     p.add_argument("--max-minutes", type=float, default=None, help="train: stop (resumably) after this long")
     p.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
+    p.add_argument("--work", type=Path, help="eval: a `pyspec train-head` work directory")
+    p.add_argument("--name", help="eval: the report's name in OUT (default HEAD-KEPT)")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    {"data": run_data, "train": run_train, "draft": run_draft, "report": run_report}[args.step](args)
+    {"data": run_data, "train": run_train, "eval": run_eval, "draft": run_draft, "report": run_report}[args.step](args)
 
 
 if __name__ == "__main__":

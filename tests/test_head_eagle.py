@@ -176,6 +176,45 @@ def test_without_attention_each_anchor_drafts_alone() -> None:
     assert not torch.allclose(together, with_attention, atol=1e-3)  # the attention block is really gone
 
 
+def test_autocast_casts_the_frozen_output_rows_once_a_forward(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Training under bf16 autocast casts the frozen output rows once a forward rather than at
+    # every draft step's product: the same logits, bit for bit, for both kinds of head.
+    import pyspec.head.eagle as eagle_module
+    import pyspec.head.model as model_module
+    from pyspec.head.model import HeadConfig, RecurrentHead
+
+    eagle = random_head(seed=7)
+    recurrent = RecurrentHead(HeadConfig(n_embd=16, n_target_vocab=60), eagle.vocab, eagle.embedding,
+                              eagle.output).eval()
+    torch.manual_seed(8)
+    features = torch.randn(2, 5, 16)
+    tokens = eagle.vocab[torch.randint(0, 40, (2, 5, 3))]
+
+    def logits() -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            return eagle(features, tokens, 3)[0], recurrent(features[:, 0], tokens[:, 0])
+
+    once = logits()
+    monkeypatch.setattr(eagle_module, "autocast_frozen", lambda rows: rows)
+    monkeypatch.setattr(model_module, "autocast_frozen", lambda rows: rows)
+    every_step = logits()
+    assert once[0].dtype == torch.bfloat16 and once[1].dtype == torch.bfloat16
+    assert torch.equal(once[0], every_step[0]) and torch.equal(once[1], every_step[1])
+
+
+def test_a_head_without_attention_evaluates_alike_on_rows_and_whole_sequences(eagle_data: dict[str, object]) -> None:
+    # Held-out evaluation of a head without attention runs row by row (no window padded to the
+    # longest sequence): the same anchors, the same figures as whole-sequence windows.
+    head = new_eagle(eagle_data, attention=False)
+    held = eagle_data["held"]
+    whole = evaluate_windows(head, build_windows(held, eagle_data["column_of"], depth=3))
+    rows = build_windows(held, eagle_data["column_of"], depth=3, width=1)
+    assert rows.width == 1 and rows.n == rows.n_anchors == sum(s.n_rows for s in held)
+    by_row = evaluate_windows(head, rows)
+    assert by_row["acc"] == whole["acc"] and by_row["chain"] == whole["chain"]
+    assert by_row["loss"] == pytest.approx(whole["loss"], rel=1e-4)
+
+
 @pytest.fixture(scope="module")
 def native(eagle_data: dict[str, object], tiny_target: str) -> dict[str, object]:
     """An EAGLE-class head without attention, untrained and trained, exported in f32 and q8_0,

@@ -108,7 +108,10 @@ def run_train_head(args: argparse.Namespace) -> dict[str, Any]:
     column_of[vocab] = np.arange(len(vocab))
 
     # 3. Train (resumable) and export.
-    batch_size = args.batch_size or (8 if args.arch == "eagle" else 128)
+    # The engine's EAGLE-class head has no attention: each row drafts on its own, so its training
+    # batches are rows drawn from all sequences (windows of one row), which trained it better than
+    # windows of consecutive rows (docs/results-heads.md).
+    batch_size = args.batch_size or (256 if args.arch == "eagle" else 128)
     config = TrainConfig(depth=args.depth, epochs=args.epochs, batch_size=batch_size, lr=args.lr,
                          eval_fraction=args.eval_fraction, eval_every=args.eval_every, threads=args.train_threads,
                          bf16=args.bf16)
@@ -128,7 +131,8 @@ def run_train_head(args: argparse.Namespace) -> dict[str, Any]:
             return window_loss(h, w, idx, feature_weight)
 
         def examples(seqs: list[Any], depth: int) -> Any:
-            return build_windows(seqs, column_of, depth)
+            # Without attention rows are drafted on their own: no window padded to the longest.
+            return build_windows(seqs, column_of, depth, None if eagle_config.attention else 1)
         train_ex = build_windows(train, column_of, config.depth, args.window)
         train_kwargs = {"loss_fn": loss_fn, "eval_fn": evaluate_windows,
                         "settings": {"arch": "eagle", "ff": args.ff, "window": args.window,
@@ -253,7 +257,8 @@ def register(subparsers: Any) -> None:
                         "one decoder layer's MLP, trained on its own predicted features) (default redrafter)")
     p.add_argument("--res-layers", type=int, default=1, help="redrafter: ResNet layers (default 1)")
     p.add_argument("--ff", type=int, default=4096, help="eagle: MLP width (default 4096)")
-    p.add_argument("--window", type=int, default=256, help="eagle: rows per training window (default 256)")
+    p.add_argument("--window", type=int, default=1,
+                   help="eagle: consecutive rows per training window (default 1: rows drawn from all sequences)")
     p.add_argument("--feature-weight", type=float, default=0.1,
                    help="eagle: weight of the predicted feature's distance to the target's (default 0.1)")
     p.add_argument("--own-output", action="store_true",
@@ -261,7 +266,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--depth", type=int, default=5, help="draft steps trained (default 5)")
     p.add_argument("--epochs", type=float, default=3.0)
     p.add_argument("--batch-size", type=int, default=None,
-                   help="rows (redrafter, default 128) or windows of --window rows (eagle, default 8) per step")
+                   help="rows (redrafter, default 128) or windows of --window rows (eagle, default 256) per step")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--eval-fraction", type=float, default=0.08, help="share of prompts held out (default 0.08)")
     p.add_argument("--eval-every", type=int, default=100, help="steps between held-out evaluations")

@@ -39,7 +39,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .model import register_vocabulary
+from .model import autocast_frozen, register_vocabulary
 
 
 @dataclass(frozen=True)
@@ -155,12 +155,13 @@ class EagleHead(nn.Module):
         g = features
         logits, feats = [], []
         scale = 1.0 / math.sqrt(hd)
+        out_rows = autocast_frozen(self.output_rows())
         for k in range(depth):
             z = self.w_in(torch.cat([g, self.embedding[rows[:, :, k]]], dim=-1))
             if not cfg.attention:
                 g = self.out_norm(self._mlp(z))
                 feats.append(g)
-                logits.append(g @ self.output_rows().T)
+                logits.append(g @ out_rows.T)
                 continue
             h = self.attn_norm(z)
             q = rope(self._heads(self.wq(h)), pos + k, cfg.rope_base)
@@ -184,5 +185,5 @@ class EagleHead(nn.Module):
             a = z + self.wo(out.transpose(1, 2).reshape(b, t, d))
             g = self.out_norm(self._mlp(a))
             feats.append(g)
-            logits.append(g @ self.output_rows().T)
+            logits.append(g @ out_rows.T)
         return torch.stack(logits, dim=2), torch.stack(feats, dim=2)

@@ -74,7 +74,8 @@ class Windows:
 def build_windows(sequences: Sequence[HeadSequence], column_of: np.ndarray, depth: int,
                   width: int | None = None) -> Windows:
     """Windows of `width` rows over every sequence (None: one window a sequence, for
-    evaluation)."""
+    evaluation of a head with attention; a head without attention drafts each row on its own,
+    so any width evaluates it alike, and 1 pads nothing)."""
     hidden, next_tokens, seq_end, cols, probs, top, starts, lengths = [], [], [], [], [], [], [], []
     base = 0
     longest = max(s.n_rows for s in sequences)
@@ -122,8 +123,11 @@ def window_loss(head: EagleHead, win: Windows, idx: np.ndarray, feature_weight: 
 
 
 @torch.no_grad()
-def evaluate_windows(head: EagleHead, win: Windows, batch_size: int = 1) -> dict[str, object]:
-    """Held-out loss, acc@k and chain@k over every anchor of `win`."""
+def evaluate_windows(head: EagleHead, win: Windows, batch_size: int | None = None) -> dict[str, object]:
+    """Held-out loss, acc@k and chain@k over every anchor of `win`. batch_size: windows per
+    forward pass (None: about 1,024 rows)."""
+    if batch_size is None:
+        batch_size = max(1, 1024 // win.width)
     head.eval()
     tally = DepthTally(win.depth)
     for start in range(0, win.n, batch_size):

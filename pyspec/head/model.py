@@ -56,6 +56,14 @@ def register_vocabulary(head: nn.Module, n_target_vocab: int, vocab: torch.Tenso
         head.register_buffer("output", output.to(torch.float32).clone())
 
 
+def autocast_frozen(rows: torch.Tensor) -> torch.Tensor:
+    """Frozen output rows cast once to the CPU autocast dtype when autocast is on (autocast would
+    cast them again for every product: a [V', d] copy each draft step), else as they are."""
+    if torch.is_autocast_enabled("cpu") and not rows.requires_grad:
+        return rows.to(torch.get_autocast_dtype("cpu"))
+    return rows
+
+
 class RecurrentHead(nn.Module):
     """ReDrafter's draft head; see the module docstring.
 
@@ -115,8 +123,10 @@ class RecurrentHead(nn.Module):
             return self.output_weight
         return self.embedding[: self.n_kept] if self.output_tied else self.output
 
-    def step(self, x: torch.Tensor, state: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One draft step. x, state: [B, d]; rows: [B] embedding rows of the previous tokens.
+    def step(self, x: torch.Tensor, state: torch.Tensor, rows: torch.Tensor,
+             out_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One draft step. x, state: [B, d]; rows: [B] embedding rows of the previous tokens;
+        out_rows: output_rows() as the caller cast it (None: as they are).
         Returns (logits [B, V'], new state [B, d])."""
         state = F.silu(self.rnn_w(self.embedding[rows]) + self.rnn_u(state))
         h = torch.cat([x, state], dim=-1)
@@ -124,7 +134,7 @@ class RecurrentHead(nn.Module):
             h = h + F.silu(lin(h))
         if self.config.share_output:
             h = self.out_proj(h)
-        return h @ self.output_rows().T, state
+        return h @ (self.output_rows() if out_rows is None else out_rows).T, state
 
     def forward(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Teacher-forced drafting. x: [B, d] hidden state of the row that chose tokens[:, 0];
@@ -132,8 +142,9 @@ class RecurrentHead(nn.Module):
         token after tokens[:, i]."""
         state = torch.zeros_like(x)
         rows = self.row_of[tokens]
+        out_rows = autocast_frozen(self.output_rows())
         out = []
         for i in range(tokens.shape[1]):
-            logits, state = self.step(x, state, rows[:, i])
+            logits, state = self.step(x, state, rows[:, i], out_rows)
             out.append(logits)
         return torch.stack(out, dim=1)
