@@ -188,3 +188,26 @@ def test_serve_refuses_a_save_interval_that_is_not_positive(flag: str, value: st
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert flag in err and value in err
+
+
+def test_train_head_preset_fills_what_the_command_line_left_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pyspec train-head --preset eagle: its settings where no option was given, the options given
+    over them, the built-in defaults without a preset; bf16 follows the CPU's bfloat16 units."""
+    import pyspec.cli.train_head as train_head
+
+    base = ["train-head", "--data", "d", "--out", "h.gguf"]
+    plain = build_parser().parse_args(base)
+    train_head.apply_preset(plain)
+    assert (plain.arch, plain.reference, plain.prompts, plain.kept_vocab, plain.depth, plain.epochs, plain.bf16) == (
+        "redrafter", False, None, 16384, 5, 3.0, False)
+    for has_bf16 in (True, False):
+        monkeypatch.setattr(train_head, "cpu_has_bf16", lambda: has_bf16)
+        preset = build_parser().parse_args([*base, "--preset", "eagle"])
+        train_head.apply_preset(preset)
+        assert (preset.arch, preset.reference, preset.depth, preset.kept_vocab, preset.bf16) == (
+            "eagle", True, 4, 16384, has_bf16)
+        assert preset.prompts == train_head.PRESETS["eagle"]["prompts"]
+    given = build_parser().parse_args([*base, "--preset", "eagle", "--depth", "5", "--no-bf16", "--epochs", "1",
+                                       "--prompts", "gsm8k[0:3]"])
+    train_head.apply_preset(given)
+    assert (given.arch, given.depth, given.bf16, given.epochs, given.prompts) == ("eagle", 5, False, 1.0, ["gsm8k[0:3]"])

@@ -16,6 +16,43 @@ log = logging.getLogger(__name__)
 DEFAULT_PROMPTS = ("humaneval[0:120]", "mtbench[0:60]", "gsm8k[0:120]")
 
 
+# What each option is when neither it nor a --preset sets it.
+BUILTIN = {"arch": "redrafter", "reference": False, "kept_vocab": 16384, "depth": 5, "epochs": 3.0, "bf16": False,
+           "eval_every": 100}
+
+# --preset: settings that make a head for the default target in a stated time on a small CPU
+# (docs/results-heads.md has what each made and how long it took). Options given on the command
+# line win over the preset's.
+PRESETS: dict[str, dict[str, Any]] = {
+    # An EAGLE-class head from teacher-forced reference answers: 580 sequences, 207k rows (about
+    # 45 minutes of data on 2 cores for the 1.5B target), then 3 epochs over them (about 35
+    # minutes with bfloat16 products).
+    "eagle": {"arch": "eagle", "reference": True,
+              "prompts": ["sharegpt[0:229]", "gsm8k[100:329]", "humaneval[40:164]"],
+              "kept_vocab": 16384, "depth": 4, "epochs": 3.0, "bf16": "auto", "eval_every": 300},
+}
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX), where bfloat16
+    training products pay; elsewhere they can be slower than float32."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def apply_preset(args: argparse.Namespace) -> None:
+    """Fills the options the command line left unset from --preset, then from BUILTIN."""
+    preset = PRESETS[args.preset] if getattr(args, "preset", None) else {}
+    for key in set(BUILTIN) | set(preset):
+        if getattr(args, key, None) is None:
+            value = preset.get(key, BUILTIN.get(key))
+            setattr(args, key, cpu_has_bf16() if value == "auto" else value)
+
+
 def _interleave(groups: list[list[Any]]) -> list[Any]:
     """Round-robin over the groups, so that any prefix mixes them (an interrupted data run)."""
     out: list[Any] = []
@@ -43,6 +80,7 @@ def run_train_head(args: argparse.Namespace) -> dict[str, Any]:
     from ..head.gguf_io import export_head, load_head, new_head, read_target
     from ..head.train import TrainConfig, build_examples, coverage, is_held_out, kept_vocabulary, train_head, write_report
 
+    apply_preset(args)
     target = resolve_model(args.target or DEFAULT_TARGET)
     out = Path(args.out)
     work = Path(args.work_dir) if args.work_dir else out.with_name(out.name + ".work")
@@ -236,6 +274,11 @@ def register(subparsers: Any) -> None:
                     "(resumable: checkpoints in --work-dir), evaluates it on held-out prompts and writes "
                     "the head GGUF. Needs PyTorch.")
     p.add_argument("--target", default=None, help="GGUF path or registry name (default: the registry's default target)")
+    p.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                   help="a tested recipe: eagle = an EAGLE-class head from teacher-forced reference answers "
+                        f"({', '.join(PRESETS['eagle']['prompts'])}; kept vocabulary 16384, 4 steps, 3 epochs, "
+                        "bfloat16 where the CPU has it): about 80 minutes on 2 cores for the 1.5B target. Options "
+                        "given with it override its settings")
     p.add_argument("--data", required=True, help="directory of training sequences (made / extended here)")
     p.add_argument("--out", required=True, help="head GGUF to write")
     p.add_argument("--prompts", action="append", default=None,
@@ -244,15 +287,15 @@ def register(subparsers: Any) -> None:
     p.add_argument("--max-tokens", type=int, default=128, help="answer length per sequence (default 128)")
     p.add_argument("--temperatures", type=_floats, default=(0.0, 0.8),
                    help="decoding of the answers: 0 greedy, > 0 sampled (default 0,0.8)")
-    p.add_argument("--reference", action="store_true",
+    p.add_argument("--reference", action="store_true", default=None,
                    help="teacher forcing: evaluate each prompt's reference answer (HumanEval, GSM8K, ShareGPT) "
                         "instead of generating one (one batched pass, no decoding); prompts without one are "
                         "answered by the target")
     p.add_argument("--reference-max-tokens", type=int, default=384,
                    help="reference answers cut to this many tokens (default 384)")
     p.add_argument("--sampled-every", type=int, default=3, help="sampled answers for every N-th prompt (default 3)")
-    p.add_argument("--kept-vocab", type=int, default=16384, help="tokens the head predicts (default 16384)")
-    p.add_argument("--arch", choices=["redrafter", "eagle"], default="redrafter",
+    p.add_argument("--kept-vocab", type=int, default=None, help="tokens the head predicts (default 16384)")
+    p.add_argument("--arch", choices=["redrafter", "eagle"], default=None,
                    help="redrafter: the recurrent head; eagle: an EAGLE-class head (feature prediction through "
                         "one decoder layer's MLP, trained on its own predicted features) (default redrafter)")
     p.add_argument("--res-layers", type=int, default=1, help="redrafter: ResNet layers (default 1)")
@@ -263,13 +306,13 @@ def register(subparsers: Any) -> None:
                    help="eagle: weight of the predicted feature's distance to the target's (default 0.1)")
     p.add_argument("--own-output", action="store_true",
                    help="train an output matrix of its own instead of sharing the target's (frozen)")
-    p.add_argument("--depth", type=int, default=5, help="draft steps trained (default 5)")
-    p.add_argument("--epochs", type=float, default=3.0)
+    p.add_argument("--depth", type=int, default=None, help="draft steps trained (default 5)")
+    p.add_argument("--epochs", type=float, default=None, help="passes over the training rows (default 3)")
     p.add_argument("--batch-size", type=int, default=None,
                    help="rows (redrafter, default 128) or windows of --window rows (eagle, default 256) per step")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--eval-fraction", type=float, default=0.08, help="share of prompts held out (default 0.08)")
-    p.add_argument("--eval-every", type=int, default=100, help="steps between held-out evaluations")
+    p.add_argument("--eval-every", type=int, default=None, help="steps between held-out evaluations (default 100)")
     p.add_argument("--dtype", choices=["f32", "f16", "q8_0"], default="q8_0", help="matrix type in the GGUF")
     p.add_argument("--work-dir", default=None, help="checkpoints, kept vocabulary, report (default OUT.work)")
     p.add_argument("--time-budget", type=float, default=None,
@@ -282,9 +325,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--init-from", default=None, metavar="HEAD.gguf",
                    help="start from this head's weights (its kept vocabulary, ResNet layers and output form; "
                         "--kept-vocab, --res-layers, --own-output are then ignored): fine-tuning on new data")
-    p.add_argument("--bf16", action="store_true",
-                   help="train with bfloat16 matrix products (torch autocast): 1.4x the steps per second on "
-                        "an AMX CPU, slower on CPUs without bfloat16 units; held-out evaluation stays float32")
+    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
+                   help="train with bfloat16 matrix products (torch autocast): 1.4-1.5x the steps per second on "
+                        "CPUs with bfloat16 units (AVX512-BF16, AMX), slower on others; held-out evaluation stays "
+                        "float32 (default off; --preset: on where the CPU has them)")
     p.add_argument("--n-ctx", type=int, default=4096)
     p.add_argument("--remember", action=argparse.BooleanOptionalAction, default=True,
                    help="make the written head the one an engine of this target loads by default, so that auto "
