@@ -13,6 +13,8 @@ model, by held-out acceptance at depth 1..5 (teacher-forced, no timing).
     python benchmarks/head_compare.py report --out DIR
     # or a head `pyspec train-head` trained (its work directory: checkpoint and kept vocabulary)
     python benchmarks/head_compare.py eval --out DIR --work HEAD.gguf.work --name NAME
+    # the costs of a drafted token (timing: the machine alone), for the flat-curve predictions
+    python benchmarks/head_compare.py costs --out DIR --head-file HEAD.gguf
 
 The measure, per held-out row t of the target's answer (the row that chose token x_{t+1}): at
 depth k, does the drafter's top-1 for x_{t+k+1}, given the true x_{t+1..t+k}, equal the target's
@@ -254,6 +256,34 @@ def run_draft(args: argparse.Namespace) -> None:
     print(json.dumps(report, indent=1))
 
 
+def run_costs(args: argparse.Namespace) -> None:
+    """What a drafted token costs each drafter against a target token (medians of interleaved
+    rounds): a target one-token decode, a draft-model one-token decode, a head step of one row
+    (--head-file). OUT/costs.json; `report` then predicts each drafter's chain on a flat curve."""
+    from pyspec import Engine
+    from head_eval import median_ms
+
+    if not args.head_file:
+        raise SystemExit("costs needs --head-file HEAD.gguf (a head of the target)")
+    seq = held_out_sequences(args.out)[0]
+    with Engine(resolve_model(args.target), draft=resolve_model(args.draft), head=args.head_file,
+                n_threads=args.threads, n_ctx=4096) as engine:
+        head = engine._core.load_head(args.head_file)
+        tokens = seq.tokens[: seq.first_row + 1].tolist()
+        _, hidden = engine.evaluate_hidden(tokens)
+        state = np.ascontiguousarray(hidden[-1:], dtype=np.float32)
+        rows = [head.row_of(tokens[-1])]
+        costs: dict[str, list[float]] = {"target": [], "draft": [], "head": []}
+        for _ in range(args.rounds):
+            costs["target"].append(median_ms(lambda: engine.evaluate(tokens[-1:]), 3))
+            costs["draft"].append(median_ms(lambda: engine.evaluate(tokens[-1:], draft=True), 3))
+            costs["head"].append(median_ms(lambda: head.step(state, np.zeros_like(state), rows), 5))
+    med = {k: float(np.median(v)) for k, v in costs.items()}
+    (args.out / "costs.json").write_text(json.dumps({"cost_ms": med, "head_file": str(args.head_file),
+                                                     "rounds": args.rounds}, indent=1))
+    print(json.dumps(med, indent=1))
+
+
 def run_report(args: argparse.Namespace) -> None:
     from pyspec.head.train import coverage
     held = held_out_sequences(args.out)
@@ -279,14 +309,29 @@ def run_report(args: argparse.Namespace) -> None:
                 cov.append(f"| {size} (of vocab-{len(vocab)}) | {coverage(held, vocab[:size]):.4f} |")
     cost = ["", "| drafter | multiply-adds per drafted token |", "|---|---|"]
     cost += [f"| {name} | {r['macs_per_token'] / 1e6:.1f} M |" for name, r in rows if "macs_per_token" in r]
-    text = "\n".join(lines + cov + cost)
+    flat: list[str] = []
+    costs_path = args.out / "costs.json"
+    if costs_path.exists():
+        from head_eval import flat_chain_prediction
+        ms = json.loads(costs_path.read_text())["cost_ms"]
+        flat = ["", f"Flat verification curve (a step of any size costs one target token, T = {ms['target']:.1f} ms; "
+                f"a head step {ms['head']:.2f} ms, a draft-model token {ms['draft']:.1f} ms): the best greedy chain",
+                "", "| drafter | suite | best length | tokens per step | predicted speed-up over plain |", "|---|---|---|---|---|"]
+        for name, r in rows:
+            draft_ms = ms["draft"] if name.startswith("draft model") else ms["head"]
+            for suite, m in [("all", r["held_out"])] + sorted(r["per_suite"].items()):
+                chain = [1.0] + list(m["chain"])
+                acc = [chain[k] / chain[k - 1] if chain[k - 1] else 0.0 for k in range(1, len(chain))]
+                g, tokens, speedup = flat_chain_prediction(acc, draft_ms, ms["target"])
+                flat.append(f"| {name} | {suite} | {g} | {tokens:.2f} | {speedup:.2f}x |")
+    text = "\n".join(lines + cov + cost + flat)
     (args.out / "report.md").write_text(text + "\n")
     print(text)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("step", choices=("data", "train", "eval", "draft", "report"))
+    p.add_argument("step", choices=("data", "train", "eval", "draft", "costs", "report"))
     p.add_argument("--out", type=Path, required=True, help="the comparison's directory")
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
@@ -309,9 +354,12 @@ def main() -> None:
     p.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
     p.add_argument("--work", type=Path, help="eval: a `pyspec train-head` work directory")
     p.add_argument("--name", help="eval: the report's name in OUT (default HEAD-KEPT)")
+    p.add_argument("--head-file", help="costs: a head GGUF of the target, timed per draft step")
+    p.add_argument("--rounds", type=int, default=7, help="costs: interleaved timing rounds")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    {"data": run_data, "train": run_train, "eval": run_eval, "draft": run_draft, "report": run_report}[args.step](args)
+    {"data": run_data, "train": run_train, "eval": run_eval, "draft": run_draft, "costs": run_costs,
+     "report": run_report}[args.step](args)
 
 
 if __name__ == "__main__":
