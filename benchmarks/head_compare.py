@@ -210,6 +210,8 @@ def run_eval(args: argparse.Namespace) -> None:
               "macs_per_token": head_macs(head, kind),
               "train_minutes": None if minutes is None else round(minutes, 1),
               "held_out": eval_fn(head, examples(held)), "per_suite": per_suite, "work": str(args.work)}
+    if not (args.out / f"vocab-{len(vocab)}.npy").exists():  # for the report's coverage table
+        np.save(args.out / f"vocab-{len(vocab)}.npy", vocab)
     work = args.out / (args.name or f"{kind}-{len(vocab)}")
     work.mkdir(parents=True, exist_ok=True)
     write_report(work / "report.json", report)
@@ -257,9 +259,11 @@ def run_draft(args: argparse.Namespace) -> None:
 
 
 def run_costs(args: argparse.Namespace) -> None:
-    """What a drafted token costs each drafter against a target token (medians of interleaved
-    rounds): a target one-token decode, a draft-model one-token decode, a head step of one row
-    (--head-file). OUT/costs.json; `report` then predicts each drafter's chain on a flat curve."""
+    """What a drafted token costs each drafter against a target token, in generation (medians of
+    interleaved rounds on a held-out prompt): the target's time per call in plain decoding, the
+    draft model's time per decode in a chain of 4 (its prompt's prefill left out), and a head step of one row (--head-file,
+    DraftHead.step on the target's hidden state). OUT/costs.json; `report` then predicts each
+    drafter's chain on a flat curve."""
     from pyspec import Engine
     from head_eval import median_ms
 
@@ -275,8 +279,12 @@ def run_costs(args: argparse.Namespace) -> None:
         rows = [head.row_of(tokens[-1])]
         costs: dict[str, list[float]] = {"target": [], "draft": [], "head": []}
         for _ in range(args.rounds):
-            costs["target"].append(median_ms(lambda: engine.evaluate(tokens[-1:]), 3))
-            costs["draft"].append(median_ms(lambda: engine.evaluate(tokens[-1:], draft=True), 3))
+            plain = engine.generate(tokens, max_tokens=32, method="none").stats
+            costs["target"].append(plain.t_verify_ms / max(plain.n_target_calls, 1))
+            # The draft's prompt prefill is in its drafting time: two lengths, and the difference.
+            short, long = (engine.generate(tokens, max_tokens=n, method="chain", n_draft=4).stats for n in (32, 96))
+            costs["draft"].append((long.t_draft_ms - short.t_draft_ms)
+                                  / max(long.n_draft_decodes - short.n_draft_decodes, 1))
             costs["head"].append(median_ms(lambda: head.step(state, np.zeros_like(state), rows), 5))
     med = {k: float(np.median(v)) for k, v in costs.items()}
     (args.out / "costs.json").write_text(json.dumps({"cost_ms": med, "head_file": str(args.head_file),
