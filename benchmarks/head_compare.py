@@ -261,9 +261,9 @@ def run_draft(args: argparse.Namespace) -> None:
 def run_costs(args: argparse.Namespace) -> None:
     """What a drafted token costs each drafter against a target token, in generation (medians of
     interleaved rounds on a held-out prompt): the target's time per call in plain decoding, the
-    draft model's time per decode in a chain of 4 (its prompt's prefill left out), and a head step of one row (--head-file,
-    DraftHead.step on the target's hidden state). OUT/costs.json; `report` then predicts each
-    drafter's chain on a flat curve."""
+    draft model's time per decode in a chain of 4 (its prompt's prefill left out), and a head
+    step of one row (--head-file, DraftHead.step on the target's hidden state). OUT/costs.json;
+    `report` then predicts each drafter's chain on a flat curve."""
     from pyspec import Engine
     from head_eval import median_ms
 

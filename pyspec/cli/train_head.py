@@ -50,7 +50,8 @@ def apply_preset(args: argparse.Namespace) -> None:
     for key in set(BUILTIN) | set(preset):
         if getattr(args, key, None) is None:
             value = preset.get(key, BUILTIN.get(key))
-            setattr(args, key, cpu_has_bf16() if value == "auto" else value)
+            value = cpu_has_bf16() if value == "auto" else value
+            setattr(args, key, list(value) if isinstance(value, list) else value)  # a copy of the preset's list
 
 
 def _interleave(groups: list[list[Any]]) -> list[Any]:
