@@ -269,6 +269,64 @@ def test_engine_eagle_head_equals_pytorch_head(native: dict[str, object], dtype:
             state = feats[:, 0, k].numpy().astype(np.float32)  # keep the q8_0 run on the reference path
 
 
+def test_eagle_head_gguf_round_trip_and_online_rows(native: dict[str, object]) -> None:
+    # load_head reads an EAGLE-class head file back as the EagleHead it was (for --init-from and
+    # online fine-tuning), and the online trainer's first-step rows are its forward pass's.
+    from pyspec.head.gguf_io import load_head
+    from pyspec.head.online import HeadDraft
+    from pyspec.online.config import DistillConfig
+    from pyspec.online.buffer import TraceSample
+
+    head = native["head"]
+    loaded, info = load_head(native["files"]["f32"])
+    assert isinstance(loaded, EagleHead) and not loaded.config.attention
+    assert loaded.config.n_ff == head.config.n_ff and info.n_vocab == head.config.n_target_vocab
+    for (name, a), (_, b) in zip(sorted(head.state_dict().items()), sorted(loaded.state_dict().items())):
+        assert torch.equal(a, b), name
+    quantized, _ = load_head(native["files"]["q8_0"])
+    assert torch.allclose(quantized.w_gate.weight, head.w_gate.weight, atol=0.02)
+    draft = HeadDraft(native["files"]["f32"], DistillConfig())
+    assert draft.vocab_parameters() == []
+    torch.manual_seed(3)
+    d = head.config.n_embd
+    tokens = head.vocab[torch.randint(0, head.n_kept, (6,))].numpy().astype(np.int32)
+    hidden = torch.randn(3, d).numpy()
+    sample = TraceSample(tokens=tokens, rows=np.array([0, 2, 4], dtype=np.int32), top_ids=np.zeros((3, 1), np.int32),
+                         top_probs=np.ones((3, 1), np.float32), hidden=hidden)
+    full = draft.row_logits(sample)
+    with torch.no_grad():
+        kept = head(torch.from_numpy(hidden)[:, None], torch.from_numpy(tokens[[0, 2, 4]].astype(np.int64))[:, None, None],
+                    1)[0][:, 0, 0]
+    assert full.shape == (3, head.config.n_target_vocab)
+    assert torch.allclose(full[:, head.vocab], kept, atol=1e-5)
+
+
+def test_online_fine_tuning_of_an_eagle_head(tiny_target: str, native: dict[str, object]) -> None:
+    """HeadDistiller fine-tunes an EAGLE-class head as it does the recurrent one: an update
+    trains its first step in the training process, the new head is reloaded, outputs stay the
+    target's."""
+    from pyspec.head.online import HeadDistiller
+    from pyspec.online.config import DistillConfig
+
+    with pyspec.Engine(tiny_target, n_ctx=1024, n_threads=1, head=native["files"]["untrained"]) as engine:
+        distiller = HeadDistiller(engine, DistillConfig(lr=3e-3, positions="all", epochs=4, train_threads=1,
+                                                        export_dtype="f32"), update_interval=100)
+        try:
+            before = [distiller.generate(p, max_tokens=32) for p in PROMPTS[:3]]
+            assert all(r.head_version == 1 for r in before)
+            assert distiller.update_now(wait=True, timeout=300), distiller.stats().last_error
+            stats = distiller.stats()
+            assert stats.draft_version == engine.head_version == 2 and stats.n_updates == 1
+            assert stats.last_report.loss_after < stats.last_report.loss_before
+            assert engine._core.load_head(engine.head_path).kind == "eagle"
+            for p in PROMPTS[:3]:
+                r = distiller.generate(p, max_tokens=32)
+                assert r.head_version == 2
+                assert r.tokens == engine.generate(p, max_tokens=32, method="none").tokens
+        finally:
+            distiller.close()
+
+
 @pytest.mark.parametrize("beams,length", [(1, 5), (4, 5)])
 def test_eagle_head_greedy_equals_plain(native: dict[str, object], beams: int, length: int) -> None:
     engine = native["engine"]
@@ -379,6 +437,15 @@ def test_train_head_command_trains_an_eagle_head_the_engine_runs(tmp_path: Path,
     plain = pyspec_cli("generate", "--target", tiny_target, "--prompt", "def f():", "--max-tokens", "16",
                        "--method", "none", "--json")
     assert json.loads(gen.stdout)["tokens"] == json.loads(plain.stdout)["tokens"]
-    # A ReDrafter head cannot seed an EAGLE-class one.
-    wrong = pyspec_cli(*args, "--init-from", str(tmp_path / "e.gguf"), "--work-dir", str(tmp_path / "w2"))
-    assert wrong.returncode == 1
+    # --init-from an EAGLE-class head: fine-tuning starts from its weights (held-out loss at step
+    # 0 is the trained head's, not a new one's); --arch must not name the other kind.
+    tuned = pyspec_cli(*args, "--init-from", str(tmp_path / "e.gguf"), "--work-dir", str(tmp_path / "w2"),
+                       "--out", str(tmp_path / "e2.gguf"), "--epochs", "1")
+    assert tuned.returncode == 0, tuned.stderr
+    tuned_report = json.loads(tuned.stdout)
+    assert tuned_report["init_from"] == str(tmp_path / "e.gguf") and tuned_report["arch"] == "eagle"
+    assert tuned_report["history"][0]["loss"] < first["loss"] - 0.5 * (first["loss"] - last["loss"])
+    wrong = [a for a in args if a not in ("--arch", "eagle")]
+    refused = pyspec_cli(*wrong, "--arch", "redrafter", "--init-from", str(tmp_path / "e.gguf"),
+                         "--work-dir", str(tmp_path / "w3"))
+    assert refused.returncode == 1 and "is a head of kind eagle, not --arch redrafter" in refused.stderr

@@ -81,6 +81,7 @@ def run_train_head(args: argparse.Namespace) -> dict[str, Any]:
     from ..head.gguf_io import export_head, load_head, new_head, read_target
     from ..head.train import TrainConfig, build_examples, coverage, is_held_out, kept_vocabulary, train_head, write_report
 
+    given_arch = args.arch  # before the defaults: --init-from's head decides it when not given
     apply_preset(args)
     target = resolve_model(args.target or DEFAULT_TARGET)
     out = Path(args.out)
@@ -123,6 +124,12 @@ def run_train_head(args: argparse.Namespace) -> dict[str, Any]:
     t1 = time.time()
     start, start_target = load_head(args.init_from) if args.init_from else (None, None)
     if start is not None:
+        from ..head.eagle import EagleHead
+
+        start_arch = "eagle" if isinstance(start, EagleHead) else "redrafter"
+        if given_arch is not None and given_arch != start_arch:
+            raise ValueError(f"{args.init_from} is a head of kind {start_arch}, not --arch {given_arch}")
+        args.arch = start_arch
         vocab = start.vocab.numpy()
         if vocab_path.exists() and not np.array_equal(np.load(vocab_path), vocab):
             raise ValueError(f"{work} holds a run with another kept vocabulary than {args.init_from}; "
@@ -159,11 +166,14 @@ def run_train_head(args: argparse.Namespace) -> dict[str, Any]:
     if args.arch == "eagle":
         from ..head.eagle import EagleConfig, EagleHead
         from ..head.eagle_train import build_windows, evaluate_windows, window_loss
-        if start is not None:
-            raise ValueError("--init-from takes a ReDrafter head (--arch redrafter)")
-        eagle_config = EagleConfig(n_embd=weights.info.n_embd, n_target_vocab=n_vocab, n_ff=args.ff, attention=False)
+        eagle_config = (start.config if start is not None else
+                        EagleConfig(n_embd=weights.info.n_embd, n_target_vocab=n_vocab, n_ff=args.ff, attention=False))
         head = EagleHead(eagle_config, torch.from_numpy(vocab), torch.from_numpy(weights.embedding),
                          None if weights.output is None else torch.from_numpy(weights.output))
+        if start is not None:  # the frozen rows from the target itself, the trained weights from the head
+            head.load_state_dict({k: v for k, v in start.state_dict().items()
+                                  if k in dict(head.named_parameters())}, strict=False)
+            report["init_from"] = str(args.init_from)
         feature_weight = args.feature_weight
 
         def loss_fn(h: Any, w: Any, idx: Any) -> Any:
@@ -174,7 +184,7 @@ def run_train_head(args: argparse.Namespace) -> dict[str, Any]:
             return build_windows(seqs, column_of, depth, None if eagle_config.attention else 1)
         train_ex = build_windows(train, column_of, config.depth, args.window)
         train_kwargs = {"loss_fn": loss_fn, "eval_fn": evaluate_windows,
-                        "settings": {"arch": "eagle", "ff": args.ff, "window": args.window,
+                        "settings": {"arch": "eagle", "ff": eagle_config.n_ff, "window": args.window,
                                      "feature_weight": feature_weight}}
     else:
         if start is None:
@@ -324,8 +334,9 @@ def register(subparsers: Any) -> None:
     add_engine_options(p)
     p.add_argument("--train-threads", type=int, default=0, help="torch threads (default: torch's choice)")
     p.add_argument("--init-from", default=None, metavar="HEAD.gguf",
-                   help="start from this head's weights (its kept vocabulary, ResNet layers and output form; "
-                        "--kept-vocab, --res-layers, --own-output are then ignored): fine-tuning on new data")
+                   help="start from this head's weights (its kind, kept vocabulary and shape: ResNet layers and "
+                        "output form, or MLP width; --kept-vocab, --res-layers, --own-output, --ff are then ignored, "
+                        "and --arch, if given, must name its kind): fine-tuning on new data")
     p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
                    help="train with bfloat16 matrix products (torch autocast): 1.4-1.5x the steps per second on "
                         "CPUs with bfloat16 units (AVX512-BF16, AMX), slower on others; held-out evaluation stays "

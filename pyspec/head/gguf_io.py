@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from ..errors import HeadFileError
-from .eagle import EagleHead
+from .eagle import EagleConfig, EagleHead
 from .model import HeadConfig, RecurrentHead
 
 ARCH = "redrafter_head"
@@ -222,8 +222,9 @@ def export_head(head: RecurrentHead | EagleHead, info: TargetInfo, out: str | os
     return out
 
 
-def read_head_info(path: str | os.PathLike[str]) -> tuple[HeadConfig, TargetInfo]:
-    """The head's configuration and its target, from the metadata (HeadFileError when invalid)."""
+def read_head_info(path: str | os.PathLike[str]) -> tuple[HeadConfig | EagleConfig, TargetInfo]:
+    """The head's configuration (HeadConfig or, for an EAGLE-class head, EagleConfig) and its
+    target, from the metadata (HeadFileError when invalid)."""
     reader = _open(path)
     return _config(reader), _target_info(reader)
 
@@ -236,16 +237,25 @@ def _open(path: str | os.PathLike[str]) -> gguf.GGUFReader:
     except Exception as exc:  # the gguf package raises ValueError / IndexError / struct errors
         raise HeadFileError(f"{path}: not a readable GGUF file ({exc})") from exc
     arch = _field(reader, "general.architecture", "")
-    if arch != ARCH:
-        raise HeadFileError(f"{path}: architecture {arch!r}, not a draft head ({ARCH!r})")
-    version = int(_field(reader, f"{ARCH}.format_version", -1))
+    if arch not in (ARCH, EAGLE_ARCH):
+        raise HeadFileError(f"{path}: architecture {arch!r}, not a draft head ({ARCH!r} or {EAGLE_ARCH!r})")
+    version = int(_field(reader, f"{arch}.format_version", -1))
     if version != HEAD_FORMAT_VERSION:
         raise HeadFileError(f"{path}: head format version {version}, this pyspec reads {HEAD_FORMAT_VERSION}")
     return reader
 
 
-def _config(reader: gguf.GGUFReader) -> HeadConfig:
-    p = f"{ARCH}."
+def _arch(reader: gguf.GGUFReader) -> str:
+    return str(_field(reader, "general.architecture"))
+
+
+def _config(reader: gguf.GGUFReader) -> HeadConfig | EagleConfig:
+    p = f"{_arch(reader)}."
+    if _arch(reader) == EAGLE_ARCH:
+        return EagleConfig(n_embd=int(_field(reader, p + "embedding_length")),
+                           n_target_vocab=int(_field(reader, p + "target.vocab_size")),
+                           n_ff=int(_field(reader, p + "feed_forward_length")),
+                           norm_eps=float(_field(reader, p + "norm_epsilon")), attention=False)
     return HeadConfig(n_embd=int(_field(reader, p + "embedding_length")),
                       n_target_vocab=int(_field(reader, p + "target.vocab_size")),
                       n_res_layers=int(_field(reader, p + "block_count")),
@@ -253,15 +263,16 @@ def _config(reader: gguf.GGUFReader) -> HeadConfig:
 
 
 def _target_info(reader: gguf.GGUFReader) -> TargetInfo:
-    p = f"{ARCH}.target."
+    p = f"{_arch(reader)}.target."
     return TargetInfo(name=str(_field(reader, p + "name", "")), architecture=str(_field(reader, p + "architecture")),
                       n_layer=int(_field(reader, p + "block_count")),
-                      n_embd=int(_field(reader, f"{ARCH}.embedding_length")),
+                      n_embd=int(_field(reader, f"{_arch(reader)}.embedding_length")),
                       n_vocab=int(_field(reader, p + "vocab_size")), vocab_hash=str(_field(reader, p + "vocab_hash")))
 
 
-def load_head(path: str | os.PathLike[str]) -> tuple[RecurrentHead, TargetInfo]:
-    """A head GGUF as a float32 RecurrentHead (eval mode) and the target it was trained for."""
+def load_head(path: str | os.PathLike[str]) -> tuple[RecurrentHead | EagleHead, TargetInfo]:
+    """A head GGUF as a float32 RecurrentHead or EagleHead (eval mode; quantized matrices
+    dequantized) and the target it was trained for."""
     reader = _open(path)
     config, info = _config(reader), _target_info(reader)
     tensors = {t.name: t for t in reader.tensors}
@@ -279,7 +290,14 @@ def load_head(path: str | os.PathLike[str]) -> tuple[RecurrentHead, TargetInfo]:
         return torch.from_numpy(array(name).astype(np.float32))
 
     vocab = torch.from_numpy(array("head.vocab").astype(np.int64))
-    tied = bool(_field(reader, f"{ARCH}.output_tied"))
+    tied = bool(_field(reader, f"{_arch(reader)}.output_tied"))
+    if isinstance(config, EagleConfig):
+        eagle = EagleHead(config, vocab, tensor("head.token_embd.weight"),
+                          None if tied else tensor("head.output.weight"))
+        with torch.no_grad():
+            for name in ("w_in", "w_gate", "w_up", "w_down", "ff_norm", "out_norm"):
+                getattr(eagle, name).weight.copy_(tensor(f"head.{name}.weight"))
+        return eagle.eval(), info
     output = tensor("head.output.weight") if config.share_output and not tied else None
     head = RecurrentHead(config, vocab, tensor("head.token_embd.weight"), output)
     with torch.no_grad():

@@ -38,8 +38,9 @@ OTHER_TOKENS_LOG_GAP = 30.0
 
 class HeadDraft:
     """A head GGUF as a pyspec.online Distillable (trainer.Distillable): `module` is the
-    RecurrentHead, `row_logits` its first draft step at a sample's rows as full-vocabulary
-    logits, `export` a head GGUF (q8_0 unless config.export_dtype names f32 or f16)."""
+    RecurrentHead or EagleHead, `row_logits` its first draft step at a sample's rows as
+    full-vocabulary logits, `export` a head GGUF (q8_0 unless config.export_dtype names f32 or
+    f16)."""
 
     suffix = ".gguf"
 
@@ -52,17 +53,23 @@ class HeadDraft:
     def vocab_parameters(self) -> list:  # -> list[torch.nn.Parameter]
         """The head's own output matrix (config.train_vocab=False freezes it); a head sharing the
         target's output and its embedding holds them as buffers, never trained."""
-        return [] if self.module.config.share_output else [self.module.output_weight]
+        config = self.module.config
+        return [self.module.output_weight] if getattr(config, "share_output", True) is False else []
 
     def row_logits(self, sample: TraceSample):  # -> torch.Tensor [n_rows, n_vocab]
         import torch
+
+        from .eagle import EagleHead
 
         if sample.hidden is None:
             raise ValueError("a draft head trains on samples with hidden states (HeadDistiller makes them)")
         head = self.module
         x = torch.from_numpy(np.asarray(sample.hidden, dtype=np.float32))
         g0 = torch.from_numpy(sample.tokens[sample.rows].astype(np.int64))
-        kept, _ = head.step(x, torch.zeros_like(x), head.row_of[g0])       # [n, V']
+        if isinstance(head, EagleHead):  # its first step: the row's feature and the token it chose
+            kept = head(x[:, None], g0[:, None, None], 1)[0][:, 0, 0]       # [n, V']
+        else:
+            kept, _ = head.step(x, torch.zeros_like(x), head.row_of[g0])   # [n, V']
         other = torch.logsumexp(kept, dim=-1, keepdim=True).detach() - OTHER_TOKENS_LOG_GAP
         full = other.expand(kept.shape[0], head.config.n_target_vocab).clone()
         return full.scatter(1, head.vocab.expand(kept.shape[0], -1), kept)
