@@ -361,11 +361,16 @@ def test_engine_drafts_with_what_the_eagle_head_learned(native: dict[str, object
     assert rates["f32"] > rates["untrained"] + 0.1, rates
 
 
-def test_eagle_head_samples_target_distribution(native: dict[str, object]) -> None:
+@pytest.mark.parametrize("method, options", [("redrafter", dict(beams=2, beam_length=3)),
+                                             ("eagle", dict(tree_nodes=8, tree_depth=3, tree_branching=2))])
+def test_eagle_head_samples_target_distribution(native: dict[str, object], method: str,
+                                               options: dict[str, int]) -> None:
+    # Sampling through the EAGLE-class head's beams and its EAGLE-2 trees follows the target's
+    # distribution (chi-square of the first two tokens), with head tokens accepted.
     engine = native["engine"]
     engine.reload_head(native["files"]["f32"])
     prompt = engine.tokenize(PROMPTS[0])
-    _, _, n_accepted, _ = check_first_two_tokens(engine, prompt, method="redrafter", beams=2, beam_length=3)
+    _, _, n_accepted, _ = check_first_two_tokens(engine, prompt, method=method, **options)
     assert n_accepted > 0
 
 
