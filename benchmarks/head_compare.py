@@ -52,6 +52,12 @@ def suite_of(prompt_id: str) -> str:
     return "humaneval" if prompt_id.startswith("HumanEval") else prompt_id.split("/")[0]
 
 
+def by_suite(held: list[Any], evaluate_seqs: Any) -> dict[str, Any]:
+    """evaluate_seqs(sequences) of each suite's held-out sequences."""
+    return {suite: evaluate_seqs(seqs) for suite in SUITES
+            if (seqs := [s for s in held if suite_of(s.prompt_id) == suite])}
+
+
 def held_out_sequences(out: Path) -> list[Any]:
     from pyspec.head.data import iter_sequences
     seqs = list(iter_sequences(out / "held-out"))
@@ -147,13 +153,9 @@ def run_train(args: argparse.Namespace) -> None:
         print(f"stopped at step {state.step} of {state.total}; rerun to continue")
         return
     trainable = sum(p.numel() for p in head.parameters() if p.requires_grad)
-    per_suite = {}
-    for suite in SUITES:
-        seqs = [s for s in held if suite_of(s.prompt_id) == suite]
-        if seqs:
-            subset = (build_windows(seqs, column_of, DEPTH, 1 if args.no_attention else None) if args.head == "eagle"
-                      else build_examples(seqs, column_of, DEPTH))
-            per_suite[suite] = eval_fn(head, subset)
+    per_suite = by_suite(held, lambda seqs: eval_fn(head, (
+        build_windows(seqs, column_of, DEPTH, 1 if args.no_attention else None) if args.head == "eagle"
+        else build_examples(seqs, column_of, DEPTH))))
     report = {"head": args.head, "settings": settings, "config": asdict(config),
               "steps": state.step, "train_rows": n_train_rows, "train_sequences": len(train),
               "trainable_parameters": trainable, "macs_per_token": head_macs(head, args.head),
@@ -200,8 +202,7 @@ def run_eval(args: argparse.Namespace) -> None:
         eval_fn = evaluate
     head.load_state_dict(ckpt["head"])
     held = held_out_sequences(args.out)
-    per_suite = {suite: eval_fn(head, examples(seqs)) for suite in SUITES
-                 if (seqs := [s for s in held if suite_of(s.prompt_id) == suite])}
+    per_suite = by_suite(held, lambda seqs: eval_fn(head, examples(seqs)))
     history = ckpt.get("history") or []
     minutes = (history[-1]["time"] - history[0]["time"]) / 60 if len(history) > 1 else None
     settings.update(head=kind, kept_vocab=int(len(vocab)))

@@ -305,7 +305,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--reference-max-tokens", type=int, default=384,
                    help="reference answers cut to this many tokens (default 384)")
     p.add_argument("--sampled-every", type=int, default=3, help="sampled answers for every N-th prompt (default 3)")
-    p.add_argument("--kept-vocab", type=int, default=None, help="tokens the head predicts (default 16384)")
+    p.add_argument("--kept-vocab", type=int, default=None, help=f"tokens the head predicts (default {BUILTIN['kept_vocab']})")
     p.add_argument("--arch", choices=["redrafter", "eagle"], default=None,
                    help="redrafter: the recurrent head; eagle: an EAGLE-class head (feature prediction through "
                         "one decoder layer's MLP, trained on its own predicted features) (default redrafter)")
@@ -317,13 +317,13 @@ def register(subparsers: Any) -> None:
                    help="eagle: weight of the predicted feature's distance to the target's (default 0.1)")
     p.add_argument("--own-output", action="store_true",
                    help="train an output matrix of its own instead of sharing the target's (frozen)")
-    p.add_argument("--depth", type=int, default=None, help="draft steps trained (default 5)")
-    p.add_argument("--epochs", type=float, default=None, help="passes over the training rows (default 3)")
+    p.add_argument("--depth", type=int, default=None, help=f"draft steps trained (default {BUILTIN['depth']})")
+    p.add_argument("--epochs", type=float, default=None, help=f"passes over the training rows (default {BUILTIN['epochs']:g})")
     p.add_argument("--batch-size", type=int, default=None,
                    help="rows (redrafter, default 128) or windows of --window rows (eagle, default 256) per step")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--eval-fraction", type=float, default=0.08, help="share of prompts held out (default 0.08)")
-    p.add_argument("--eval-every", type=int, default=None, help="steps between held-out evaluations (default 100)")
+    p.add_argument("--eval-every", type=int, default=None, help=f"steps between held-out evaluations (default {BUILTIN['eval_every']})")
     p.add_argument("--dtype", choices=["f32", "f16", "q8_0"], default="q8_0", help="matrix type in the GGUF")
     p.add_argument("--work-dir", default=None, help="checkpoints, kept vocabulary, report (default OUT.work)")
     p.add_argument("--time-budget", type=float, default=None,

@@ -250,8 +250,9 @@ def _arch(reader: gguf.GGUFReader) -> str:
 
 
 def _config(reader: gguf.GGUFReader) -> HeadConfig | EagleConfig:
-    p = f"{_arch(reader)}."
-    if _arch(reader) == EAGLE_ARCH:
+    arch = _arch(reader)
+    p = f"{arch}."
+    if arch == EAGLE_ARCH:
         return EagleConfig(n_embd=int(_field(reader, p + "embedding_length")),
                            n_target_vocab=int(_field(reader, p + "target.vocab_size")),
                            n_ff=int(_field(reader, p + "feed_forward_length")),
@@ -263,10 +264,11 @@ def _config(reader: gguf.GGUFReader) -> HeadConfig | EagleConfig:
 
 
 def _target_info(reader: gguf.GGUFReader) -> TargetInfo:
-    p = f"{_arch(reader)}.target."
+    arch = _arch(reader)
+    p = f"{arch}.target."
     return TargetInfo(name=str(_field(reader, p + "name", "")), architecture=str(_field(reader, p + "architecture")),
                       n_layer=int(_field(reader, p + "block_count")),
-                      n_embd=int(_field(reader, f"{_arch(reader)}.embedding_length")),
+                      n_embd=int(_field(reader, f"{arch}.embedding_length")),
                       n_vocab=int(_field(reader, p + "vocab_size")), vocab_hash=str(_field(reader, p + "vocab_hash")))
 
 

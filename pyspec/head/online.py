@@ -52,9 +52,12 @@ class HeadDraft:
 
     def vocab_parameters(self) -> list:  # -> list[torch.nn.Parameter]
         """The head's own output matrix (config.train_vocab=False freezes it); a head sharing the
-        target's output and its embedding holds them as buffers, never trained."""
-        config = self.module.config
-        return [self.module.output_weight] if getattr(config, "share_output", True) is False else []
+        target's output and its embedding (every EAGLE-class head does) holds them as buffers,
+        never trained."""
+        from .model import RecurrentHead
+
+        head = self.module
+        return [head.output_weight] if isinstance(head, RecurrentHead) and not head.config.share_output else []
 
     def row_logits(self, sample: TraceSample):  # -> torch.Tensor [n_rows, n_vocab]
         import torch
