@@ -89,6 +89,8 @@ NB_MODULE(_core, m) {
     m.def("rpc_supported", &spec::rpc_supported, "Whether this libllama has llama.cpp's RPC backend.");
     m.def("check_rpc_endpoint", &spec::check_rpc_endpoint, "endpoint"_a,
           "Raises InvalidArgumentError unless endpoint is host:port as llama.cpp's RPC backend reads it.");
+    m.def("backend_description", &spec::backend_description,
+          "llama.cpp's description of the compute backends and CPU features in this process (llama_print_system_info).");
     m.def("drain_logs", &spec::log_drain, "Returns and clears llama.cpp's buffered log lines.");
     m.def("quantize_model", [](const std::string& in, const std::string& out, int32_t file_type,
                                const std::vector<std::pair<std::string, int32_t>>& tensor_types, int32_t n_threads) {
@@ -718,6 +720,17 @@ NB_MODULE(_core, m) {
            "progress"_a = nb::none(), "context"_a = spec::kCalibrationContext,
            "Times decodes of k tokens on top of `context` cached tokens and installs the cost curve "
            "(method 'auto').")
+        .def("time_flash_attention", [](spec::Engine& e, int32_t depth, int32_t n_decodes, int32_t rounds,
+                                        int32_t batch, nb::object progress) {
+            const spec::CalibrationProgress callback = progress_callback(progress);
+            nb::gil_scoped_release release;
+            const spec::FlashAttentionTiming t =
+                spec::time_flash_attention(e.target(), depth, n_decodes, rounds, batch, callback);
+            return std::make_tuple(t.ms_off, t.ms_on, t.batch_ms_off, t.batch_ms_on);
+        }, "depth"_a, "n_decodes"_a = 4, "rounds"_a = 4, "batch"_a = 8, "progress"_a = nb::none(),
+           "Median ms of the target's decodes of one token and of `batch` tokens (a row each) on top of "
+           "`depth` cached tokens with flash attention: (one off, one on, batch off, batch on), each "
+           "setting in a temporary context of its own (the engine's cache is left alone).")
         .def("time_decodes", [](spec::Engine& e, const std::vector<int32_t>& sizes, int32_t repeats, bool all_rows,
                                 int32_t context, bool non_decreasing, nb::object progress) {
             const spec::CalibrationProgress callback = progress_callback(progress);

@@ -28,6 +28,11 @@ def rpc_supported() -> bool:
 def check_rpc_endpoint(endpoint: str) -> None:
     """Raises InvalidArgumentError unless endpoint is host:port as llama.cpp's RPC backend reads it."""
 
+def backend_description() -> str:
+    """
+    llama.cpp's description of the compute backends and CPU features in this process (llama_print_system_info).
+    """
+
 def drain_logs() -> list[LogLine]:
     """Returns and clears llama.cpp's buffered log lines."""
 
@@ -998,6 +1003,11 @@ class Engine:
     def measure_cost(self, use_draft: bool, draft_name: str = '', sizes: Sequence[int] = [], repeats: int = 3, progress: object | None = None, context: int = 128) -> CostCurve:
         """
         Times decodes of k tokens on top of `context` cached tokens and installs the cost curve (method 'auto').
+        """
+
+    def time_flash_attention(self, depth: int, n_decodes: int = 4, rounds: int = 4, batch: int = 8, progress: object | None = None) -> tuple[float, float, float, float]:
+        """
+        Median ms of the target's decodes of one token and of `batch` tokens (a row each) on top of `depth` cached tokens with flash attention: (one off, one on, batch off, batch on), each setting in a temporary context of its own (the engine's cache is left alone).
         """
 
     def time_decodes(self, sizes: Sequence[int], repeats: int = 3, all_rows: bool = True, context: int = 128, non_decreasing: bool = True, progress: object | None = None) -> CostCurve:

@@ -23,7 +23,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from . import _core
 from .fetch import Cache
@@ -141,11 +141,15 @@ def load_cached(key: dict[str, Any], cache: Cache | None = None) -> CostCurve | 
 
 def save(key: dict[str, Any], curve: CostCurve, cache: Cache | None = None) -> Path:
     """Writes the curve atomically (temp file + rename)."""
-    path = cache_file(key, cache)
+    return _write(cache_file(key, cache), {"key": key, "n_tokens": list(curve.n_tokens), "ms": list(curve.ms)})
+
+
+def _write(path: Path, record: dict[str, Any]) -> Path:
+    """Writes a cache record with the time it was measured, atomically (temp file + rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps({"key": key, "n_tokens": list(curve.n_tokens), "ms": list(curve.ms),
-                               "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}, indent=1), encoding="utf-8")
+    tmp.write_text(json.dumps({**record, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}, indent=1),
+                   encoding="utf-8")
     os.replace(tmp, path)
     return path
 
@@ -202,3 +206,151 @@ def ensure(engine: "Engine", draft: str | None, *, force: bool = False, repeats:
     else:
         engine._core.set_cost(use_draft, curve._core(), name)
     return curve
+
+
+# -- flash attention, decided by measurement --------------------------------------------------
+
+FLASH_ATTN_ENV = "PYSPEC_FLASH_ATTN"
+FLASH_ATTN_MODES = ("auto", "on", "off")
+FLASH_ATTN_FORMAT = 1
+# Flash attention is kept only where it makes a one-token decode at least this much cheaper:
+# off is the setting the engine's numerics are characterised with (docs/numerics.md).
+FLASH_ATTN_MARGIN = 0.02
+
+
+def flash_attn_mode(value: bool | str | None) -> str:
+    """Engine(flash_attn=...) as one of FLASH_ATTN_MODES: True is "on", False "off", None
+    $PYSPEC_FLASH_ATTN or, unset, "auto" (decided by measurement, `measure_flash_attn`)."""
+    if value is None:
+        value = os.environ.get(FLASH_ATTN_ENV, "").strip().lower() or "auto"
+        where = f"{FLASH_ATTN_ENV}="
+    else:
+        where = "flash_attn="
+    if value is True or value is False:
+        return "on" if value else "off"
+    if isinstance(value, str) and value.lower() in FLASH_ATTN_MODES:
+        return value.lower()
+    from .errors import InvalidArgumentError
+
+    raise InvalidArgumentError(f"{where}{value!r} is not one of {', '.join(FLASH_ATTN_MODES)} "
+                               "(or True / False)")
+
+
+def flash_attn_depths(n_ctx: int) -> tuple[int, int]:
+    """The two context depths the decision times decodes at, within a window of n_ctx."""
+    far = max(2, min(1024, n_ctx // 2))
+    return max(1, min(256, far // 4)), far
+
+
+FLASH_ATTN_BATCH = 8  # the verification the decision times beside a one-token decode
+
+
+@dataclass(frozen=True)
+class FlashAttnDecision:
+    """Median ms of decodes at two depths with flash attention off and on, of one token (a plain
+    step) and of FLASH_ATTN_BATCH tokens with a row each (a verification); the depth the choice is
+    made for (half the context window: a window filled evenly on average); and the choice. A
+    setting's cost there is a plain step plus a verification, each a straight line through its two
+    timed depths."""
+
+    depths: tuple[int, int]
+    ms_off: tuple[float, float]
+    ms_on: tuple[float, float]
+    batch_ms_off: tuple[float, float]
+    batch_ms_on: tuple[float, float]
+    at_depth: int
+    on: bool
+
+    @staticmethod
+    def at(depths: tuple[int, int], ms: tuple[float, float], depth: int) -> float:
+        (d0, d1), (m0, m1) = depths, ms
+        slope = (m1 - m0) / (d1 - d0) if d1 != d0 else 0.0
+        return max(1e-9, m0 + slope * (depth - d0))
+
+    def cost(self, on: bool) -> float:
+        one, many = (self.ms_on, self.batch_ms_on) if on else (self.ms_off, self.batch_ms_off)
+        return self.at(self.depths, one, self.at_depth) + self.at(self.depths, many, self.at_depth)
+
+    @property
+    def cost_off(self) -> float:
+        return self.cost(False)
+
+    @property
+    def cost_on(self) -> float:
+        return self.cost(True)
+
+    @classmethod
+    def choose(cls, depths: tuple[int, int], ms_off: tuple[float, float], ms_on: tuple[float, float],
+               batch_ms_off: tuple[float, float], batch_ms_on: tuple[float, float],
+               at_depth: int) -> "FlashAttnDecision":
+        d = cls(depths, ms_off, ms_on, batch_ms_off, batch_ms_on, at_depth, False)
+        return cls(depths, ms_off, ms_on, batch_ms_off, batch_ms_on, at_depth,
+                   d.cost_on < d.cost_off * (1.0 - FLASH_ATTN_MARGIN))
+
+
+def flash_attn_key(path: str, *, n_ctx: Any, n_threads: Any, n_gpu_layers: Any, repack: str, huge_pages: bool,
+                   rpc: Sequence[str]) -> dict[str, Any]:
+    """What the decision depends on: the model file (path, size, modification time: known before
+    loading it, so that a cached decision loads the model once), the context window, threads,
+    offload, repacking, huge pages, RPC servers and the backend llama.cpp was built with."""
+    st = os.stat(path)
+    return {"format": FLASH_ATTN_FORMAT, "kind": "flash_attn", "model": os.path.realpath(path),
+            "bytes": st.st_size, "mtime_ns": st.st_mtime_ns, "n_ctx": n_ctx, "n_threads": n_threads,
+            "n_gpu_layers": n_gpu_layers, "repack": repack, "huge_pages": bool(huge_pages), "rpc": list(rpc),
+            "backend": hashlib.sha256(str(_core.backend_description()).encode()).hexdigest()[:16]}
+
+
+def load_flash_attn(key: dict[str, Any], cache: Cache | None = None) -> FlashAttnDecision | None:
+    """The cached decision for `key`, or None (missing, unreadable or for another key)."""
+    path = cache_file(key, cache)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("key") != key:
+            return None
+        return FlashAttnDecision(tuple(data["depths"]), tuple(data["ms_off"]), tuple(data["ms_on"]),
+                                 tuple(data["batch_ms_off"]), tuple(data["batch_ms_on"]),
+                                 int(data["at_depth"]), bool(data["on"]))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("ignoring unreadable flash-attention decision %s: %s", path, exc)
+        return None
+
+
+def save_flash_attn(key: dict[str, Any], decision: FlashAttnDecision, cache: Cache | None = None) -> Path:
+    """Writes the decision atomically beside the cost curves."""
+    return _write(cache_file(key, cache), {
+        "key": key, "depths": list(decision.depths), "ms_off": list(decision.ms_off), "ms_on": list(decision.ms_on),
+        "batch_ms_off": list(decision.batch_ms_off), "batch_ms_on": list(decision.batch_ms_on),
+        "at_depth": decision.at_depth, "on": decision.on})
+
+
+def forget_flash_attn(key: dict[str, Any], cache: Cache | None = None) -> None:
+    """Removes the cached decision for `key` (`pyspec calibrate --force`: decide again)."""
+    cache_file(key, cache).unlink(missing_ok=True)
+
+
+def measure_flash_attn(core: Any, n_ctx: int, *, n_decodes: int = 4, rounds: int = 4,
+                       progress: bool | None = None) -> FlashAttnDecision:
+    """Times the loaded target with flash attention off and on (`_core.Engine.time_flash_attention`,
+    temporary contexts of their own) at the two depths of `flash_attn_depths(n_ctx)` and chooses
+    for half the window."""
+    depths = flash_attn_depths(n_ctx)
+    log.info("deciding flash attention: decodes of 1 and %d tokens at %d and %d tokens of context, off and on",
+             FLASH_ATTN_BATCH, *depths)
+    bar, update = _progress("deciding flash attention", progress)
+    try:
+        timed = []
+        for i, depth in enumerate(depths):
+            timed.append(core.time_flash_attention(
+                depth, n_decodes, rounds, FLASH_ATTN_BATCH,
+                lambda done, total, i=i: update(i * total + done, 2 * total)))
+    finally:
+        bar.close()
+    a, b = timed
+    decision = FlashAttnDecision.choose(depths, (a[0], b[0]), (a[1], b[1]), (a[2], b[2]), (a[3], b[3]),
+                                        max(1, n_ctx // 2))
+    log.info("flash attention %s: a one-token decode plus a %d-token one at %d tokens of context %.2f ms off, "
+             "%.2f ms on", "on" if decision.on else "off", FLASH_ATTN_BATCH, decision.at_depth, decision.cost_off,
+             decision.cost_on)
+    return decision

@@ -40,7 +40,7 @@ def run_demo(
     n_threads: int | None = None,
     repack: bool | str | None = None,
     huge_pages: bool = True,
-    flash_attn: bool = False,
+    flash_attn: bool | str | None = None,
     out: Any = sys.stdout,
 ) -> list[DemoRun]:
     """Runs plain decoding and each speculative method on one HumanEval prompt; prints the

@@ -159,10 +159,15 @@ class Engine:
     huge_pages: ask the kernel for transparent huge pages on the buffers llama.cpp allocates for
     the models' weights and contexts (madvise; it matters where THP is in "madvise" mode: one
     target token 57 ms instead of 62 on that machine); False leaves the page size to the system.
-    flash_attn: llama.cpp's flash attention for the models' contexts (default off: on the CPU it
-    makes decoding slower at long contexts, 0.76-0.83x at 1,700-1,900 tokens on the Zen 4; on the
-    real target it flipped no more near-ties between batched and one-token logits than without,
-    docs/numerics.md). GPU backends may gain from it; its calibration is kept apart.
+    flash_attn: llama.cpp's flash attention for the models' contexts: "auto" (None: the default,
+    or $PYSPEC_FLASH_ATTN) decides by measurement, "on" (True) / "off" (False) force it. "auto"
+    times a plain step and an 8-token verification of the target both ways at two context depths
+    once per model file, context window, threads, offload and build (cached beside the cost
+    curves; the first engine pays seconds for a small model, ~50 s for the 1.5B target on 2
+    cores), extends each as a straight line to half the window, and turns it on where that is at
+    least 2% cheaper there (docs/cost-curves.md, "Flash attention, decided by measurement").
+    `flash_attn` says what is in use, `flash_attn_decision` what was measured. Its calibration is
+    kept apart.
     rpc: llama.cpp rpc-servers ("host:port", a list or one comma-separated string) that hold the
     target's offloaded layers, split by their free memory; n_gpu_layers then defaults to all of
     them (-1). The draft model and head stay on this machine. Needs a libllama built with
@@ -191,7 +196,7 @@ class Engine:
         pool_capacity: int | None = None,
         huge_pages: bool = True,
         ngram: str | os.PathLike[str] | None = None,
-        flash_attn: bool = False,
+        flash_attn: bool | str | None = None,
         rpc: str | Sequence[str] | None = None,
     ) -> None:
         self.rpc = rpc_servers(rpc)
@@ -204,19 +209,59 @@ class Engine:
         if pool_capacity is not None and (isinstance(pool_capacity, bool) or not isinstance(pool_capacity, int)
                                           or pool_capacity < 1):
             raise InvalidArgumentError(f"pool_capacity must be a whole number of phrases >= 1, got {pool_capacity!r}")
-        try:
-            self._core: Any = _core.Engine(
-                self.target_path, self.draft_path or "", n_ctx, n_batch, threads, n_gpu_layers, 1,
-                self.repack_mode == "all", seed, reuse_prefix=bool(prefix_cache), pool_capacity=pool_capacity,
-                repack_weights=self.repack_mode == "weights", huge_pages=bool(huge_pages),
-                flash_attn=bool(flash_attn), rpc_servers=list(self.rpc),
-            )
-        finally:
-            _forward_llama_logs()
+        self.flash_attn_mode = calibration.flash_attn_mode(flash_attn)
+        self.flash_attn_decision: calibration.FlashAttnDecision | None = None
+
+        def load(fa: bool) -> Any:
+            try:
+                return _core.Engine(
+                    self.target_path, self.draft_path or "", n_ctx, n_batch, threads, n_gpu_layers, 1,
+                    self.repack_mode == "all", seed, reuse_prefix=bool(prefix_cache), pool_capacity=pool_capacity,
+                    repack_weights=self.repack_mode == "weights", huge_pages=bool(huge_pages),
+                    flash_attn=fa, rpc_servers=list(self.rpc),
+                )
+            finally:
+                _forward_llama_logs()
+
+        fa_on = self.flash_attn_mode == "on"
+        fa_key = self._flash_attn_key = None
+        self._flash_attn_measured = False
+        if self.flash_attn_mode == "auto" and os.path.isfile(self.target_path):  # else the engine says what is wrong
+            # as given: a setting the engine refuses is refused below, by the engine, as without "auto"
+            fa_key = calibration.flash_attn_key(self.target_path, n_ctx=n_ctx, n_threads=threads,
+                                                n_gpu_layers=n_gpu_layers, repack=self.repack_mode,
+                                                huge_pages=bool(huge_pages), rpc=self.rpc)
+            self._flash_attn_key = fa_key
+            self.flash_attn_decision = calibration.load_flash_attn(fa_key)
+            fa_on = bool(self.flash_attn_decision and self.flash_attn_decision.on)
+        self._core: Any = load(fa_on)
+        if fa_key is not None and self.flash_attn_decision is None:
+            # Not decided on this machine for this file and window yet: time both settings once
+            # (temporary contexts on the loaded weights), cache the choice, reload where it is "on".
+            decision = None
+            try:
+                decision = calibration.measure_flash_attn(self._core, int(self._core.n_ctx))
+            except SpecError as exc:  # e.g. no memory for the temporary contexts: run as without it
+                log.warning("could not time flash attention (%s); it stays off", exc)
+            except BaseException:
+                self._core.close()
+                raise
+            finally:
+                _forward_llama_logs()
+            if decision is not None:
+                try:
+                    calibration.save_flash_attn(fa_key, decision)
+                except OSError as exc:  # an unwritable cache costs the next engine the timing, nothing else
+                    log.warning("could not cache the flash-attention choice: %s", exc)
+                self.flash_attn_decision, self._flash_attn_measured = decision, True
+            if decision is not None and decision.on:
+                self._core.close()
+                self._core = load(True)
+                fa_on = True
         self.n_threads = threads
         self.n_gpu_layers = int(n_gpu_layers)
         self.huge_pages = bool(huge_pages)
-        self.flash_attn = bool(flash_attn)
+        self.flash_attn = fa_on
         self._n_vocab = int(self._core.n_vocab)
         # One generation at a time: the engine owns one KV cache per model. A second caller
         # (another thread, or generate() while a stream() is running) waits its turn. Draft

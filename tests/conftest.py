@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from pyspec import _core
 from pyspec._models.tiny import build_tiny_model
 
 TARGET_SEED = 0
+Q4_0 = 2  # llama_ftype LLAMA_FTYPE_MOSTLY_Q4_0
 
 # Cost curves measured by tests (method "auto") stay out of the user's cache; subprocesses
 # (CLI tests) inherit the variable.
@@ -19,6 +21,10 @@ os.environ.setdefault("PYSPEC_CALIBRATION_DIR", tempfile.mkdtemp(prefix="pyspec-
 # loads the one known for its target, and a user's own would change what tests measure. A test
 # that remembers a head points PYSPEC_HEADS at a directory of its own.
 os.environ["PYSPEC_HEADS"] = tempfile.mkdtemp(prefix="pyspec-heads-")
+# Flash attention off unless a test asks: Engine's default, "auto", picks it by timing, and a choice
+# that changes with the machine's load would change the numerics the tests compare.
+# tests/test_flash_attn.py exercises "auto" itself.
+os.environ["PYSPEC_FLASH_ATTN"] = "off"
 
 
 @pytest.fixture(scope="session")
@@ -83,3 +89,13 @@ def rpc_servers():
         pytest.skip(why)
     with RpcServer(threads=2) as first, RpcServer(threads=2) as second:
         yield [first, second]
+
+
+@pytest.fixture(scope="session")
+def q4_target(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tiny model with Q4_0 projections (widths multiples of 32 and of 8 rows, as ggml needs)."""
+    folder = tmp_path_factory.mktemp("repack")
+    f32 = build_tiny_model(folder / "wide.gguf", seed=5, n_embd=256, n_ff=512, n_head=4, n_head_kv=2)
+    out = folder / "wide-q4_0.gguf"
+    _core.quantize_model(str(f32), str(out), Q4_0, [])
+    return str(out)

@@ -272,7 +272,7 @@ def run_case(fx: Fixture, kind: str, rng: random.Random) -> tuple[str, str]:
                 "n_threads": [None, 0, 1, 2, 64, 512, 513, -1, 2**31, 1.0],
                 "n_gpu_layers": [0, 1, -1, 99, 2**31 - 1, 2**31],
                 "seed": [0, 1, -1, 2**64 - 1, 2**64, None],
-                "flash_attn": [False, True],
+                "flash_attn": [False, True, None, "auto", "on", "off", "fast", 1],
             }.items() if rng.random() < 0.5}
             detail = repr(settings)
             with pyspec.Engine(fx.target, draft=fx.draft, **settings) as other:

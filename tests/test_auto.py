@@ -231,7 +231,8 @@ def test_calibrate_cli_prints_curves(tiny_target: str, tmp_path: Path) -> None:
     p = pyspec_cli("calibrate", "--target", tiny_target, "--draft", "", "--repeats", "1", "--json")
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
-    assert set(out) == {"target"} and out["target"]["n_tokens"][0] == 1
+    assert set(out) == {"target", "flash_attn"} and out["target"]["n_tokens"][0] == 1
+    assert out["flash_attn"] == {"on": False, "mode": "off"}  # forced off for the tests (conftest)
     table = pyspec_cli("calibrate", "--target", tiny_target, "--draft", "")
     assert table.returncode == 0 and "relative to k=1" in table.stdout
 

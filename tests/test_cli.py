@@ -122,8 +122,10 @@ def test_repack_and_huge_pages_reach_the_engine(command: str, tiny_target: str, 
                       "--no-progress"],
             "serve": ["serve", "--target", tiny_target],
             "demo": ["demo", "--target", tiny_target, "--draft", tiny_drafts["perturbed"]]}[command]
-    for extra, expected in (([], (None, True, False)),
-                            (["--repack", "off", "--no-huge-pages", "--flash-attn"], ("off", False, True))):
+    for extra, expected in (([], (None, True, None)),
+                            (["--repack", "off", "--no-huge-pages", "--flash-attn"], ("off", False, "on")),
+                            (["--flash-attn", "auto"], (None, True, "auto")),
+                            (["--flash-attn", "off"], (None, True, "off"))):
         with pytest.raises(_EngineMade):
             main([*argv, *extra])
         assert (made[-1]["repack"], made[-1]["huge_pages"], made[-1]["flash_attn"]) == expected

@@ -9,12 +9,8 @@ import numpy as np
 import pytest
 
 import pyspec
-from pyspec import _core
-from pyspec._models.tiny import build_tiny_model
 from pyspec.engine import REPACK_MODES, cpu_has_amx, repack_mode
 from pyspec.errors import InvalidArgumentError
-
-Q4_0 = 2  # llama_ftype LLAMA_FTYPE_MOSTLY_Q4_0
 
 
 def test_repack_mode_parsing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -34,16 +30,6 @@ def _has_avx2() -> bool:
     import llama_cpp
 
     return b"AVX2 = 1" in llama_cpp.llama_print_system_info()
-
-
-@pytest.fixture(scope="module")
-def q4_target(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A tiny model with Q4_0 projections (widths multiples of 32 and of 8 rows, as ggml needs)."""
-    folder = tmp_path_factory.mktemp("repack")
-    f32 = build_tiny_model(folder / "wide.gguf", seed=5, n_embd=256, n_ff=512, n_head=4, n_head_kv=2)
-    out = folder / "wide-q4_0.gguf"
-    _core.quantize_model(str(f32), str(out), Q4_0, [])
-    return str(out)
 
 
 def test_weights_mode_repacks_only_what_ggml_repacks(q4_target: str, tiny_target: str) -> None:

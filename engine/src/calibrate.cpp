@@ -2,7 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 #include <string>
+#include <thread>
+
+#include "llama.h"
 
 #include "spec/error.h"
 #include "spec/model.h"
@@ -56,6 +60,99 @@ CostCurve measure_cost_curve(Model& model, const std::vector<int32_t>& sizes, in
         curve.ms.push_back(m % 2 ? t[m / 2] : 0.5 * (t[m / 2 - 1] + t[m / 2]));
     }
     return non_decreasing ? monotone(curve) : curve;
+}
+
+namespace {
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const size_t m = v.size();
+    return m % 2 ? v[m / 2] : 0.5 * (v[m / 2 - 1] + v[m / 2]);
+}
+
+struct ContextFree {
+    void operator()(llama_context* ctx) const { llama_free(ctx); }
+};
+
+}  // namespace
+
+FlashAttentionTiming time_flash_attention(Model& model, int32_t depth, int32_t n_decodes, int32_t rounds,
+                                          int32_t batch, const CalibrationProgress& progress) {
+    if (depth < 1 || n_decodes < 1 || rounds < 1 || batch < 1) {
+        throw InvalidArgumentError("flash attention timing needs depth, n_decodes, rounds and batch >= 1, got " +
+                                   std::to_string(depth) + ", " + std::to_string(n_decodes) + ", " +
+                                   std::to_string(rounds) + ", " + std::to_string(batch));
+    }
+    const ModelParams& params = model.params();
+    const int32_t n_threads = params.n_threads > 0 ? params.n_threads
+                                                   : std::max(1, int32_t(std::thread::hardware_concurrency()));
+    const int32_t n_batch = std::max(batch, std::min(params.n_batch, depth));
+    const int32_t n_ctx = depth + std::max(n_decodes, batch) + 1;
+    std::unique_ptr<llama_context, ContextFree> ctx[2];
+    for (int on = 0; on < 2; ++on) {
+        llama_context_params cparams = llama_context_default_params();
+        cparams.n_ctx = uint32_t(n_ctx);
+        cparams.n_batch = uint32_t(n_batch);
+        cparams.n_ubatch = uint32_t(n_batch);
+        cparams.n_seq_max = 1;
+        cparams.n_threads = n_threads;
+        cparams.n_threads_batch = n_threads;
+        cparams.flash_attn_type = on ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+        cparams.no_perf = true;
+        ctx[on].reset(llama_init_from_model(model.raw_model(), cparams));
+        if (!ctx[on]) {
+            throw ModelLoadError("llama.cpp could not create a context with flash attention " +
+                                 std::string(on ? "on" : "off") + " for " + model.path() + " (" +
+                                 std::to_string(n_ctx) + " tokens)");
+        }
+    }
+    // Ordinary token ids (the cost does not depend on which), positions 0 .. n_ctx - 2.
+    std::vector<int32_t> tokens(size_t(n_ctx - 1));
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((1000 + 37 * i) % size_t(model.n_vocab()));
+    llama_batch lb = llama_batch_init(n_batch, 0, 1);
+    struct BatchFree {
+        llama_batch* b;
+        ~BatchFree() { llama_batch_free(*b); }
+    } batch_free{&lb};
+    auto decode = [&](llama_context* c, int32_t first, int32_t n, bool all_rows) {
+        lb.n_tokens = n;
+        for (int32_t i = 0; i < n; ++i) {
+            lb.token[i] = tokens[size_t(first + i)];
+            lb.pos[i] = first + i;
+            lb.n_seq_id[i] = 1;
+            lb.seq_id[i][0] = 0;
+            lb.logits[i] = all_rows || i == n - 1;
+        }
+        const int32_t rc = llama_decode(c, lb);
+        if (rc != 0) throw DecodeError("llama_decode failed (" + std::to_string(rc) + ") while timing flash attention");
+        llama_synchronize(c);
+    };
+    const int32_t total = 2 + 2 * rounds;
+    int32_t done = 0;
+    for (auto& c : ctx) {
+        for (int32_t at = 0; at < depth; at += n_batch) decode(c.get(), at, std::min(n_batch, depth - at), false);
+        decode(c.get(), depth, batch, true);  // warm-up: first-use allocations
+        llama_memory_seq_rm(llama_get_memory(c.get()), 0, depth, -1);
+        if (progress) progress(++done, total);
+    }
+    std::vector<double> one[2], many[2];
+    auto timed = [&](llama_context* c, int32_t n, std::vector<double>& out) {
+        for (int32_t i = 0; i < n_decodes; ++i) {
+            const auto t0 = std::chrono::steady_clock::now();
+            decode(c, depth, n, true);
+            out.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+            llama_memory_seq_rm(llama_get_memory(c), 0, depth, -1);
+        }
+    };
+    for (int32_t r = 0; r < rounds; ++r) {
+        for (int k = 0; k < 2; ++k) {
+            const int on = (r + k) % 2;
+            timed(ctx[on].get(), 1, one[on]);
+            timed(ctx[on].get(), batch, many[on]);
+            if (progress) progress(++done, total);
+        }
+    }
+    return FlashAttentionTiming{depth, median(one[0]), median(one[1]), median(many[0]), median(many[1])};
 }
 
 }  // namespace spec

@@ -56,7 +56,9 @@ class ToolSettings:
     n_ctx: int
     n_threads: int
     repack: bool  # llama.cpp's weight repacking (extra buffer types); --no-repack when False
-    flash_attn: bool = False  # as the engine's (Engine.flash_attn, off by default)
+    # -fa: the engine's setting (a bool), or "auto" (llama.cpp's own choice, its default) where the
+    # engine decided its own by measurement
+    flash_attn: bool | str = False
     n_ubatch: int = 512  # the engine's batch size: prompts are evaluated in chunks of this many tokens
     n_gpu_layers: int = 0
     # Transparent huge pages for the tools' allocations, as the engine asks for its own (README,
@@ -106,7 +108,7 @@ def _common_args(settings: ToolSettings, prompt_file: Path) -> list[str]:
         "-t", str(settings.n_threads), "-tb", str(settings.n_threads), "-c", str(settings.n_ctx),
         # speculative-simple needs the whole prompt in one logical batch; the physical batch is the engine's
         "-b", str(max(settings.n_ctx, settings.n_ubatch)), "-ub", str(settings.n_ubatch),
-        "-fa", "on" if settings.flash_attn else "off", "-ngl", str(settings.n_gpu_layers),
+        "-fa", settings.flash_attn if isinstance(settings.flash_attn, str) else ("on" if settings.flash_attn else "off"), "-ngl", str(settings.n_gpu_layers),
         "-co", "off", "--log-colors", "off", "--log-prefix", "--log-timestamps",
         "-fit", "off",  # its automatic fitting to device memory only adjusts what is not set here
     ]  # fmt: skip

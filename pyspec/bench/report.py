@@ -127,7 +127,10 @@ class BenchReport:
     ngram: str | None = None  # the engine's n-gram table (file name), when given
     settle_s: float | None = None  # the pause before each run (None: older reports, which had none)
     repeats: int = 1  # runs of each method per prompt; the median one is reported (bench.run_bench)
-    flash_attn: bool = False  # Engine.flash_attn, which every peer followed (older reports: off, as then always)
+    flash_attn: bool = False  # Engine.flash_attn (older reports: off, as then always)
+    # "auto" where the engine decided its flash attention by measurement and llama.cpp's tools ran
+    # their own default (-fa auto); None: every peer ran the engine's setting
+    llama_cpp_flash_attn: str | None = None
     temperature: float = 0.0  # 0: greedy (older reports: always); above 0 every method and peer sampled at it
     seed: int | None = None  # the sampling seed of every run (None: greedy, or each run its own stream)
     timing: str = TIMING_NOTE
@@ -275,7 +278,9 @@ def format_markdown(report: BenchReport, python_peers: tuple[str, ...] = ("peer-
         + (f", llama.cpp's tools repack {'on' if report.llama_cpp_repack else 'off'}"
            if report.llama_cpp_repack is not None else "")
         + (f", huge pages {'on' if report.huge_pages else 'off'}" if report.huge_pages is not None else "")
-        + (", flash attention on (every method and peer)" if report.flash_attn else "")
+        + (f", flash attention {'on' if report.flash_attn else 'off'} (decided by measurement), llama.cpp's "
+           "tools their own default (-fa auto)" if report.llama_cpp_flash_attn == "auto"
+           else ", flash attention on (every method and peer)" if report.flash_attn else "")
         + (f", {report.settle_s:g} s pause before each run" if report.settle_s else "")
         + (f", each method run {report.repeats} times per prompt (interleaved) and the run with the "
            + ("median" if report.repeats % 2 else "lower middle") + " decode tok/s kept" if report.repeats > 1 else ""),

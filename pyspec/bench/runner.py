@@ -251,7 +251,7 @@ def run_bench(
     ngram: str | None = None,
     settle_s: float | None = None,
     repeats: int = 1,
-    flash_attn: bool = False,
+    flash_attn: bool | str | None = None,
     temperature: float = 0.0,
     seed: int | None = None,
 ) -> BenchReport:
@@ -267,7 +267,9 @@ def run_bench(
     for the engine (method redrafter needs one; auto then weighs it too, auto:no-head does not).
     repack, huge_pages: as Engine's; llama.cpp's tools repack when the engine does (and their
     build allows it) and get glibc's huge pages when the engine asks for them. flash_attn: as
-    Engine's, for every method and peer alike. ngram: as Engine's
+    Engine's, for every method; llama.cpp's tools run the engine's setting when it is forced
+    and their own default (`-fa auto`) when the engine decides by measurement ("auto"), as each
+    side runs for a user who sets nothing; llama-cpp-python's peers run the engine's setting. ngram: as Engine's
     (an n-gram table auto also drafts from; auto:no-corpus leaves it out).
     settle_s: a pause before every timed run, of every method alike (None: SETTLE_S when
     llama.cpp's tools run, else 0). A tool process that exits slows whatever runs about two
@@ -353,7 +355,8 @@ def run_bench(
                         "while pyspec repacks its weights: the comparison is not at equal settings. "
                         "Build them without AMX: python benchmarks/build_llama_cpp.py", bin_dir)
         tool_settings = ToolSettings(model=target_path, n_ctx=n_ctx, n_threads=engine.n_threads, repack=tools_repack,
-                                     flash_attn=engine.flash_attn, n_ubatch=ENGINE_N_BATCH, n_gpu_layers=engine.n_gpu_layers,
+                                     flash_attn="auto" if engine.flash_attn_mode == "auto" else engine.flash_attn,
+                                     n_ubatch=ENGINE_N_BATCH, n_gpu_layers=engine.n_gpu_layers,
                                      huge_pages=engine.huge_pages, temperature=temperature, seed=seed)
         python_peers: dict[str, PythonPeer] = {}
         tool_peers: dict[str, LlamaCppPeer] = {}
@@ -445,7 +448,9 @@ def run_bench(
                    llama_cpp_repack=tools_repack if tool_peers else None, head=os.path.basename(head) if head else None,
                    huge_pages=engine.huge_pages, ngram=os.path.basename(engine.ngram_path) if engine.ngram_path else None,
                    settle_s=pause, repeats=repeats, flash_attn=engine.flash_attn, temperature=temperature,
-                   seed=seed if sampled else None)
+                   seed=seed if sampled else None,
+                   llama_cpp_flash_attn=tool_settings.flash_attn if tool_peers and engine.flash_attn_mode == "auto"
+                   else None)
 
 
 def _snapshot(path: str, suffix: str = ".before") -> str | None:
@@ -483,7 +488,7 @@ def _report(specs: list[MethodSpec], runs: dict[str, list[PromptRun]], skipped: 
             llama_cpp_repack: bool | None = None, head: str | None = None,
             huge_pages: bool | None = None, ngram: str | None = None, settle_s: float | None = None,
             repeats: int = 1, flash_attn: bool = False, temperature: float = 0.0,
-            seed: int | None = None) -> BenchReport:
+            seed: int | None = None, llama_cpp_flash_attn: str | None = None) -> BenchReport:
     peers = [m.label for m in specs if m.is_peer]
     modes = [m.label for m in specs if m.is_llama_cpp]
     results = [summarize(m.label, m.n_draft if m.n_draft is not None else _default_n_draft(m.name), m.is_peer,
@@ -494,7 +499,8 @@ def _report(specs: list[MethodSpec], runs: dict[str, list[PromptRun]], skipped: 
                                       else (None, None))
     return BenchReport(
         target=target, draft=draft, suite=suite, n=len(runs["none"]), max_tokens=max_tokens, threads=threads,
-        repack=repack, llama_cpp_repack=llama_cpp_repack, huge_pages=huge_pages, flash_attn=flash_attn, methods=[m.label for m in specs], results=results, skipped=skipped, llama_cpp_modes=modes,
+        repack=repack, llama_cpp_repack=llama_cpp_repack, huge_pages=huge_pages, flash_attn=flash_attn,
+        llama_cpp_flash_attn=llama_cpp_flash_attn, methods=[m.label for m in specs], results=results, skipped=skipped, llama_cpp_modes=modes,
         best_llama_cpp_mode={x.prompt_id: x.method for x in best if x is not None},
         auto_vs_best_llama_cpp=by_label["auto"].decode_speedup_vs_best_llama_cpp if "auto" in by_label else None,
         auto_vs_best_llama_cpp_within_limit=(versus_best_llama_cpp(runs["auto"], runs, modes, decode_within_limit)

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from ..calibration import CALIBRATION_SIZES
+from ..calibration import CALIBRATION_SIZES, FLASH_ATTN_BATCH, forget_flash_attn
 from ..config import DEFAULT_DRAFT, DEFAULT_TARGET
 from .options import add_engine_options, add_rpc_option, engine_options
 
@@ -15,13 +15,30 @@ from .options import add_engine_options, add_rpc_option, engine_options
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from ..engine import Engine
 
-    with Engine(args.target, draft=args.draft or None, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
-                rpc=args.rpc, head=False, **engine_options(args)) as engine:
+    def load() -> Engine:
+        return Engine(args.target, draft=args.draft or None, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
+                      rpc=args.rpc, head=False, **engine_options(args))
+
+    engine = load()
+    if args.force and engine._flash_attn_key is not None and not engine._flash_attn_measured:
+        # --force decides flash attention again too: forget the cached choice and load anew
+        engine.close()
+        forget_flash_attn(engine._flash_attn_key)
+        engine = load()
+    with engine:
         curves = engine.calibrate(force=args.force, repeats=args.repeats)
-    payload = {name: {"n_tokens": list(c.n_tokens), "ms": [round(t, 2) for t in c.ms]} for name, c in curves.items()}
+        decision = engine.flash_attn_decision
+        fa = {"on": engine.flash_attn, "mode": engine.flash_attn_mode}
+        if decision is not None:
+            fa.update(at_depth=decision.at_depth, ms_off=round(decision.cost_off, 2), ms_on=round(decision.cost_on, 2))
+    payload: dict[str, Any] = {name: {"n_tokens": list(c.n_tokens), "ms": [round(t, 2) for t in c.ms]}
+                               for name, c in curves.items()}
     if args.json:
-        print(json.dumps(payload))
+        print(json.dumps({**payload, "flash_attn": fa}))
         return 0
+    print(f"flash attention: {'on' if fa['on'] else 'off'} ({fa['mode']}"
+          + (f": a one-token decode plus an {FLASH_ATTN_BATCH}-token one at {fa['at_depth']} tokens of context "
+             f"{fa['ms_off']:.1f} ms off, {fa['ms_on']:.1f} ms on" if decision is not None else "") + ")")
     for name, c in curves.items():
         print(f"{name}: one decode of k tokens (ms, and relative to k=1)")
         print("  k    " + " ".join(f"{k:>7d}" for k in c.n_tokens))
@@ -45,6 +62,7 @@ def register(subparsers: Any) -> None:
     add_engine_options(p)
     add_rpc_option(p)
     p.add_argument("--repeats", type=int, default=3, help="rounds over all sizes; the median is kept (default 3)")
-    p.add_argument("--force", action="store_true", help="measure again even when a cached curve exists")
+    p.add_argument("--force", action="store_true",
+                   help="measure again even when a cached curve (and flash-attention choice) exists")
     p.add_argument("--json", action="store_true", help="print the curves as JSON")
     p.set_defaults(handler=_cmd_calibrate)

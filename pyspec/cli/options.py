@@ -68,9 +68,10 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
                         "alone, or none (default auto: weights on CPUs with AMX, all elsewhere)")
     p.add_argument("--no-huge-pages", action="store_true",
                    help="do not ask for transparent huge pages on the models' and contexts' buffers")
-    p.add_argument("--flash-attn", action="store_true",
-                   help="llama.cpp's flash attention (default off: slower on the CPU at long contexts; "
-                        "see docs/numerics.md)")
+    p.add_argument("--flash-attn", nargs="?", const="on", default=None, choices=["auto", "on", "off"],
+                   help="llama.cpp's flash attention: auto decides by measurement once per model, window and "
+                        "machine (cached), on / off force it; --flash-attn alone is on (default: auto, or "
+                        "$PYSPEC_FLASH_ATTN; docs/cost-curves.md)")
 
 
 def add_rpc_option(p: argparse.ArgumentParser) -> None:

@@ -57,7 +57,7 @@ class ServerSettings:
     pool_capacity: int | None = None  # phrases the phrase pool keeps at most (None: the engine's default)
     repack: bool | str | None = None  # Engine's repack (None: weights on CPUs with AMX, all elsewhere)
     huge_pages: bool = True  # Engine's huge_pages
-    flash_attn: bool = False  # Engine's flash_attn
+    flash_attn: bool | str | None = None  # Engine's flash_attn (None: auto, or $PYSPEC_FLASH_ATTN)
     ngram: str | None = None  # Engine's ngram: an n-gram table auto also drafts from ("default": the cached ShareGPT one)
     # Defaults of every request; a request's own fields (OpenAI's and the speculative extra
     # fields) override them. temperature 1.0 and top_p 1.0 are OpenAI's defaults.

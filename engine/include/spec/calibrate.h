@@ -30,6 +30,25 @@ CostCurve measure_cost_curve(Model& model, const std::vector<int32_t>& sizes, in
                              const CalibrationProgress& progress = nullptr, int32_t context = kCalibrationContext,
                              bool non_decreasing = true);
 
+// Decodes on top of `depth` cached tokens with llama.cpp's flash attention off and on, one token
+// (a plain step) and `batch` tokens with a logits row each (a verification), for deciding which
+// setting a model runs with on this machine (FlashAttentionTiming: the median of each). Each
+// setting gets a context of its own on the model's weights (the model's own context and cache are
+// left alone), filled with `depth` ordinary tokens; then `rounds` rounds of `n_decodes` decodes of
+// each size, the two settings alternating and swapping which goes first every round, so that a
+// slow spell of a shared machine hits both alike. Throws InvalidArgumentError for depth,
+// n_decodes, rounds or batch < 1, ModelLoadError when llama.cpp cannot create either context,
+// DecodeError when a decode fails.
+struct FlashAttentionTiming {
+    int32_t depth = 0;
+    double ms_off = 0.0;        // median one-token decode, flash attention off
+    double ms_on = 0.0;         // the same, on
+    double batch_ms_off = 0.0;  // median decode of `batch` tokens, off
+    double batch_ms_on = 0.0;   // the same, on
+};
+FlashAttentionTiming time_flash_attention(Model& model, int32_t depth, int32_t n_decodes, int32_t rounds,
+                                          int32_t batch, const CalibrationProgress& progress = nullptr);
+
 // The sizes measured when none are given: 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64.
 std::vector<int32_t> default_calibration_sizes();
 
