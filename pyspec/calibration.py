@@ -21,7 +21,7 @@ import logging
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -124,18 +124,25 @@ def cache_file(key: dict[str, Any], cache: Cache | None = None) -> Path:
 
 def load_cached(key: dict[str, Any], cache: Cache | None = None) -> CostCurve | None:
     """The cached curve for `key`, or None (missing, unreadable or for another key)."""
-    path = cache_file(key, cache)
+
+    def curve(data: dict[str, Any]) -> CostCurve:
+        c = CostCurve(tuple(data["n_tokens"]), tuple(data["ms"]))
+        c._core()  # validates
+        return c
+
+    return _read(cache_file(key, cache), key, "calibration file", curve)
+
+
+def _read(path: Path, key: dict[str, Any], what: str, build: Any) -> Any:
+    """build(record) of the cache record at `path`, or None where it is missing, written for
+    another key, or unreadable (a warning naming `what`)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        if data.get("key") != key:
-            return None
-        curve = CostCurve(tuple(data["n_tokens"]), tuple(data["ms"]))
-        curve._core()  # validates
-        return curve
+        return build(data) if data.get("key") == key else None
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        log.warning("ignoring unreadable calibration file %s: %s", path, exc)
+        log.warning("ignoring unreadable %s %s: %s", what, path, exc)
         return None
 
 
@@ -284,8 +291,7 @@ class FlashAttnDecision:
                batch_ms_off: tuple[float, float], batch_ms_on: tuple[float, float],
                at_depth: int) -> "FlashAttnDecision":
         d = cls(depths, ms_off, ms_on, batch_ms_off, batch_ms_on, at_depth, False)
-        return cls(depths, ms_off, ms_on, batch_ms_off, batch_ms_on, at_depth,
-                   d.cost_on < d.cost_off * (1.0 - FLASH_ATTN_MARGIN))
+        return replace(d, on=d.cost_on < d.cost_off * (1.0 - FLASH_ATTN_MARGIN))
 
 
 def flash_attn_key(path: str, *, n_ctx: Any, n_threads: Any, n_gpu_layers: Any, repack: str, huge_pages: bool,
@@ -302,19 +308,9 @@ def flash_attn_key(path: str, *, n_ctx: Any, n_threads: Any, n_gpu_layers: Any, 
 
 def load_flash_attn(key: dict[str, Any], cache: Cache | None = None) -> FlashAttnDecision | None:
     """The cached decision for `key`, or None (missing, unreadable or for another key)."""
-    path = cache_file(key, cache)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if data.get("key") != key:
-            return None
-        return FlashAttnDecision(tuple(data["depths"]), tuple(data["ms_off"]), tuple(data["ms_on"]),
-                                 tuple(data["batch_ms_off"]), tuple(data["batch_ms_on"]),
-                                 int(data["at_depth"]), bool(data["on"]))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        log.warning("ignoring unreadable flash-attention decision %s: %s", path, exc)
-        return None
+    return _read(cache_file(key, cache), key, "flash-attention decision", lambda data: FlashAttnDecision(
+        tuple(data["depths"]), tuple(data["ms_off"]), tuple(data["ms_on"]), tuple(data["batch_ms_off"]),
+        tuple(data["batch_ms_on"]), int(data["at_depth"]), bool(data["on"])))
 
 
 def save_flash_attn(key: dict[str, Any], decision: FlashAttnDecision, cache: Cache | None = None) -> Path:

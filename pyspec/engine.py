@@ -163,7 +163,7 @@ class Engine:
     or $PYSPEC_FLASH_ATTN) decides by measurement, "on" (True) / "off" (False) force it. "auto"
     times a plain step and an 8-token verification of the target both ways at two context depths
     once per model file, context window, threads, offload and build (cached beside the cost
-    curves; the first engine pays seconds for a small model, ~50 s for the 1.5B target on 2
+    curves; the first engine pays ~1 s for the tiny test models, ~50 s for the 1.5B target on 2
     cores), extends each as a straight line to half the window, and turns it on where that is at
     least 2% cheaper there (docs/cost-curves.md, "Flash attention, decided by measurement").
     `flash_attn` says what is in use, `flash_attn_decision` what was measured. Its calibration is
