@@ -85,8 +85,12 @@ def test_lost_log_lines_are_incomplete_output_and_a_wrong_echo_is_not() -> None:
     with pytest.raises(LlamaCppToolsError, match="prompt it echoed") as info:
         parse_speculative(stdout, stderr, b"another prompt", 12)
     assert not isinstance(info.value, IncompleteOutput)
-    # both blank lines after the text lost (a tool run seen once in the test suite): run again
     prompt = (CAPTURED / "prompt_humaneval0.txt").read_bytes()
+    assert parse_speculative(stdout, stderr, prompt, 12).n_generated > 0
+    # an extra blank line ahead of the right echo (seen once in the test suite): run again
+    with pytest.raises(IncompleteOutput, match="not after exactly one blank line"):
+        parse_speculative(b"\n\n" + stdout, stderr, prompt, 12)
+    # both blank lines after the text lost (a tool run seen once in the test suite): run again
     with pytest.raises(IncompleteOutput, match="does not end with the blank line"):
         parse_speculative(stdout.rstrip(b"\n"), stderr, prompt, 12)
     stdout, stderr = _captured("completion_len")

@@ -184,6 +184,11 @@ def parse_speculative(stdout: bytes, stderr: str, prompt: bytes, max_tokens: int
     accepted = _search(r"n_accept\s*=\s*(\d+)", stderr, SPECULATIVE, "n_accept")
     head = b"\n\n" + prompt
     if not stdout.startswith(head):
+        if stdout.lstrip(b"\n").startswith(prompt.lstrip(b"\n")):
+            # the echo is right but its blank lines are not where they belong: the logger's queue
+            # has been seen to put an extra one ahead of the prompt (4 newlines) at exit; run again
+            raise IncompleteOutput(f"{SPECULATIVE}: its output has the prompt it was given, but not after "
+                                   f"exactly one blank line (it starts with {stdout[:12]!r})")
         raise LlamaCppToolsError(f"{SPECULATIVE}: its output is not blank line + prompt + text + blank line (the "
                                  "prompt it echoed differs from the one given?)")
     if not stdout.endswith(b"\n\n"):  # both blank lines lost at exit, or more: run again
