@@ -165,13 +165,12 @@ RepackOverrides repack_overrides(const std::string& path) {
 // (repacked weights, KV cache, compute and output buffers). Where the kernel's THP mode is
 // "madvise" (the development machines), anonymous memory gets huge pages only where asked, and
 // with 4 KiB pages the one-token decode of the 1.5B target ran at 16.0-17.3 tok/s depending on
-// the engine, against 17.7-17.9 for every engine with huge pages (README, issue 13). The engine
-// asks for them on the anonymous mappings of 2 MiB or more that appear during a load (a diff of
-// /proc/self/maps): the weights' buffers in llama.cpp's first progress callback, after they are
-// allocated and before they are written (advised memory is then faulted in as huge pages;
-// collapsing 1 GiB of written pages afterwards, MADV_COLLAPSE, failed here), the context's
-// buffers after its creation (advised and collapsed). Best effort, failures ignored; a no-op off
-// Linux.
+// the engine, against 17.7-17.9 for every engine with huge pages (docs/cost-curves.md). The
+// engine asks for them on the anonymous mappings of 2 MiB or more that appear during a load (a
+// diff of /proc/self/maps): the weights' buffers at every progress callback of the load, once
+// allocated and before they are written (advised memory is then faulted in as huge pages), the
+// context's buffers after its creation, advised and collapsed (MADV_COLLAPSE) one 2 MiB range at
+// a time. Best effort, failures ignored; a no-op off Linux.
 using Mapping = std::pair<uintptr_t, uintptr_t>;  // [start, end)
 
 std::vector<Mapping> anonymous_mappings() {
@@ -196,6 +195,11 @@ std::vector<Mapping> anonymous_mappings() {
 void advise_huge_pages(const std::vector<Mapping>& before, bool collapse) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
     constexpr uintptr_t kHuge = uintptr_t(2) << 20;
+#if defined(MADV_COLLAPSE)
+    constexpr int kCollapse = MADV_COLLAPSE;
+#else
+    constexpr int kCollapse = 25;  // MADV_COLLAPSE (Linux >= 6.1; EINVAL before)
+#endif
     for (const Mapping& m : anonymous_mappings()) {
         if (std::find(before.begin(), before.end(), m) != before.end()) continue;
         const uintptr_t start = (m.first + kHuge - 1) & ~(kHuge - 1);
@@ -203,11 +207,9 @@ void advise_huge_pages(const std::vector<Mapping>& before, bool collapse) {
         if (end <= start) continue;
         void* addr = reinterpret_cast<void*>(start);
         if (madvise(addr, end - start, MADV_HUGEPAGE) != 0 || !collapse) continue;
-#if defined(MADV_COLLAPSE)
-        madvise(addr, end - start, MADV_COLLAPSE);
-#else
-        madvise(addr, end - start, 25);  // MADV_COLLAPSE (Linux >= 6.1; EINVAL before)
-#endif
+        // One 2 MiB range at a time: over a whole mapping the kernel gives up at the first range
+        // it cannot collapse (EINVAL here on most of a context's buffers), leaving the rest small.
+        for (uintptr_t at = start; at < end; at += kHuge) madvise(reinterpret_cast<void*>(at), kHuge, kCollapse);
     }
 #else
     (void)before;
@@ -216,15 +218,17 @@ void advise_huge_pages(const std::vector<Mapping>& before, bool collapse) {
 }
 
 struct HugePageAdvice {
-    std::vector<Mapping> before;
-    bool advised = false;
+    std::vector<Mapping> before;  // mappings not to advise: older than the load, or advised already
 };
 
-bool advise_on_first_progress(float /*progress*/, void* user_data) {
+// Every progress callback, not only the first: llama.cpp allocates some weight buffers (the
+// repacked ones among them) after its first callback and writes each tensor after a later one.
+bool advise_on_progress(float /*progress*/, void* user_data) {
     auto* advice = static_cast<HugePageAdvice*>(user_data);
-    if (!advice->advised) {
+    std::vector<Mapping> now = anonymous_mappings();
+    if (now != advice->before) {
         advise_huge_pages(advice->before, /*collapse=*/false);
-        advice->advised = true;
+        advice->before = std::move(now);
     }
     return true;
 }
@@ -300,7 +304,7 @@ Model::Model(const std::string& path, const ModelParams& params) : path_(path), 
     HugePageAdvice advice;  // outlives the load: llama.cpp calls back while loading
     if (params.huge_pages) {
         advice.before = anonymous_mappings();
-        mparams.progress_callback = advise_on_first_progress;
+        mparams.progress_callback = advise_on_progress;
         mparams.progress_callback_user_data = &advice;
     }
     model_ = llama_model_load_from_file(path.c_str(), mparams);
