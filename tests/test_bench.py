@@ -146,7 +146,8 @@ def test_json(report: BenchReport, tmp_path: Path) -> None:
 
 
 def test_suite_slices(monkeypatch: pytest.MonkeyPatch) -> None:
-    """--suite SUITE[A:B] runs the first n prompts of the slice, and the report names the slice."""
+    """--suite SUITE[A:B] runs the first n prompts of the slice (all of it without n), and the
+    report names the slice."""
     import pyspec.data
 
     loaded = []
@@ -160,7 +161,12 @@ def test_suite_slices(monkeypatch: pytest.MonkeyPatch) -> None:
     assert suite_prompts("humaneval[156:164]", 2) == ("humaneval[156:164]", ["humaneval 156", "humaneval 157"])
     assert suite_prompts("gsm8k[10:12]", 5) == ("gsm8k[10:12]", ["gsm8k 10", "gsm8k 11"])
     assert suite_prompts("mtbench[3:]", 1) == ("mtbench[3:]", ["mtbench 3"])
-    assert loaded == [("humaneval", 3), ("humaneval", 158), ("gsm8k", 12), ("mtbench", 4)]
+    # no n: a closed slice whole, a suite or an open slice its first five
+    assert suite_prompts("edit[0:8]")[1] == [f"edit {i}" for i in range(8)]
+    assert suite_prompts("edit")[1] == [f"edit {i}" for i in range(5)]
+    assert suite_prompts("edit[2:]")[1] == [f"edit {i}" for i in range(2, 7)]
+    assert loaded == [("humaneval", 3), ("humaneval", 158), ("gsm8k", 12), ("mtbench", 4), ("edit", 8), ("edit", 5),
+                      ("edit", 7)]
     with pytest.raises(ValueError, match="bad prompt slice"):
         suite_prompts("humaneval[5:2]", 1)
 

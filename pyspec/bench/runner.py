@@ -147,12 +147,18 @@ def parse_methods(spec: str | Sequence[str], n_draft: int | None = None) -> list
 # -- running -----------------------------------------------------------------------------------
 
 
-def suite_prompts(spec: str, n: int) -> tuple[str, list["Prompt"]]:
+DEFAULT_N_PROMPTS = 5
+
+
+def suite_prompts(spec: str, n: int | None = None) -> tuple[str, list["Prompt"]]:
     """The suite's label and prompts for `spec`: SUITE (its first n prompts) or SUITE[A:B] (the
-    first n of prompts A..B-1, e.g. prompts a draft head was not trained on)."""
+    first n of prompts A..B-1, e.g. prompts a draft head was not trained on). n None: all of a
+    closed slice SUITE[A:B], else DEFAULT_N_PROMPTS."""
     from ..data import load_suite, parse_suite_slice
 
     name, start, stop = parse_suite_slice(spec)
+    if n is None:
+        n = stop - start if stop is not None else DEFAULT_N_PROMPTS
     stop = start + n if stop is None else min(stop, start + n)
     return (spec.strip() if "[" in spec else name), load_suite(name, stop)[start:]
 
@@ -235,7 +241,7 @@ def run_bench(
     draft: str | None = DEFAULT_DRAFT,
     prompts: str | Sequence[BenchPrompt] = "humaneval",
     *,
-    n: int = 5,
+    n: int | None = None,
     max_tokens: int = 128,
     methods: str | Sequence[str] = "none,auto,chain,lookup,peer-pld",
     n_draft: int | None = None,
@@ -257,8 +263,8 @@ def run_bench(
 ) -> BenchReport:
     """Runs every method on the same prompts, interleaved per prompt, greedy by default.
 
-    prompts: a suite name (`pyspec data list`; its first n prompts), a slice of one
-    ('humaneval[156:164]': the first n of those prompts) or a list of prompts
+    prompts: a suite name (`pyspec data list`; its first n prompts, 5 by default), a slice of
+    one ('humaneval[156:164]': the first n of those prompts, all of them by default) or a list of prompts
     (data.Prompt, chat messages, or plain strings taken as one user message).
     methods: names with an optional ':K' suffix (see parse_methods). llama.cpp's tools are looked
     for in llama_cpp_bin, else as `pyspec.bench.llamacpp.find_tools` does; when they are not built, their

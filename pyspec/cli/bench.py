@@ -47,7 +47,8 @@ def register(subparsers: Any) -> None:
                           f"no draft head was trained on)")
     src.add_argument("--prompt", action="append", default=None,
                      help="a prompt (one user message) instead of a suite; repeatable")
-    p.add_argument("--n", type=int, default=5, help="prompts from the suite (default 5)")
+    p.add_argument("--n", type=int, default=None,
+                   help="prompts from the suite (default 5; with SUITE[A:B], all B-A of the slice)")
     p.add_argument("--max-tokens", type=int, default=128, help="most new tokens per prompt (default 128)")
     p.add_argument("--methods", default="none,auto,chain,lookup,peer-pld",
                    help="comma-separated; chain, lookup, ouroboros, peer-pld and llama.cpp-draft take an optional "
