@@ -1,6 +1,6 @@
 """The engine's buffers in transparent huge pages: where the kernel gives them only to memory that
 asks ("madvise" mode), the weights, KV cache and compute buffers llama.cpp allocates must end up
-in 2 MiB pages (one-token decoding is several percent slower in 4 KiB pages, docs/cost-curves.md),
+in 2 MiB pages (one-token decoding is 5-7% slower in 4 KiB pages, docs/troubleshooting.md),
 as they do for llama.cpp's own tools under glibc's hugetlb tunable."""
 
 from __future__ import annotations
@@ -45,9 +45,9 @@ print(json.dumps({"anonymous_kb": sum(a for a, _ in added), "huge_kb": sum(h for
 @pytest.mark.skipif(not THP.is_file() or "[never]" in THP.read_text(), reason="no transparent huge pages here")
 def test_the_engines_buffers_are_in_huge_pages() -> None:
     """SmolLM2-135M (its KV cache and compute buffers are about as large as its weights): at
-    least half of what loading it added is in huge pages (all of it in the runs seen; 4 of 145 MB
-    when only the weights' first buffers were advised and the context's collapse was asked for
-    in one call, which the kernel gives up at the first range it cannot collapse)."""
+    least half of what loading it added is in huge pages (all of it in the runs seen; 14 of 117
+    MB when the weights' buffers were advised at the load's first progress callback only and the
+    context's buffers collapsed in one call)."""
     from pyspec.models import resolve_model
 
     path = str(resolve_model("smollm2-135m-instruct"))

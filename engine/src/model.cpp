@@ -164,9 +164,8 @@ RepackOverrides repack_overrides(const std::string& path) {
 // Transparent huge pages for the buffers llama.cpp allocates for a model and its context
 // (repacked weights, KV cache, compute and output buffers). Where the kernel's THP mode is
 // "madvise" (the development machines), anonymous memory gets huge pages only where asked, and
-// with 4 KiB pages the one-token decode of the 1.5B target ran at 16.0-17.3 tok/s depending on
-// the engine, against 17.7-17.9 for every engine with huge pages (docs/cost-curves.md). The
-// engine asks for them on the anonymous mappings of 2 MiB or more that appear during a load (a
+// they take 7% off a one-token decode of the 1.5B target (docs/cost-curves.md, the Xeon AMX
+// table) and 5.5% off SmolLM2-135M's (docs/results-speed.md, "Huge pages"). The engine asks for them on the anonymous mappings of 2 MiB or more that appear during a load (a
 // diff of /proc/self/maps): the weights' buffers at every progress callback of the load, once
 // allocated and before they are written (advised memory is then faulted in as huge pages), the
 // context's buffers after its creation, advised and collapsed (MADV_COLLAPSE) one 2 MiB range at
@@ -207,8 +206,8 @@ void advise_huge_pages(const std::vector<Mapping>& before, bool collapse) {
         if (end <= start) continue;
         void* addr = reinterpret_cast<void*>(start);
         if (madvise(addr, end - start, MADV_HUGEPAGE) != 0 || !collapse) continue;
-        // One 2 MiB range at a time: over a whole mapping the kernel gives up at the first range
-        // it cannot collapse (EINVAL here on most of a context's buffers), leaving the rest small.
+        // One 2 MiB range at a time: asked for a whole context's buffers at once, the kernel
+        // answered EINVAL and left most of them in 4 KiB pages.
         for (uintptr_t at = start; at < end; at += kHuge) madvise(reinterpret_cast<void*>(at), kHuge, kCollapse);
     }
 #else
