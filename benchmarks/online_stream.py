@@ -15,6 +15,12 @@ a static draft, with online distillation of one draft, and with one distilled dr
     python benchmarks/online_stream.py --tiny --stream humaneval:16,gsm8k:16,mtbench:16 --max-tokens 24 \\
         --window 8 --update-interval 4 --lr 1e-3 --export-dtype f32 --wait-updates
 
+    # the engine's draft head instead of a draft model (pyspec train-head makes one): modes
+    # static and online, method redrafter (a greedy head chain) unless --method says otherwise
+    python benchmarks/online_stream.py --target smollm2-135m-instruct --head eagle.gguf \\
+        --stream mtbench:64 --shuffle 0 --heldout 16 --positions all --teacher evaluate \\
+        --modes static,online --window 16 --wait-updates --json head_stream.json --plot head_stream.png
+
 Every mode starts from the same draft file and serves the same prompts in the same order,
 greedy, through the chat template (--raw: plain text), method chain. Reported per request:
 suite, draft version, drafted / accepted tokens, tokens/s; per mode: acceptance pooled over the
@@ -25,6 +31,11 @@ script counts the requests that differ. Without --wait-updates training runs bes
 turns and may each use all of them. --auto-eval N then serves the next N prompts of each suite
 with plain decoding and with method auto and each mode's final draft (interleaved per prompt):
 does the distilled draft make the scheduler faster?
+
+With --head the drafter is the engine's draft head (pyspec.head.online.HeadDistiller: each
+request is evaluated once more with hidden states on, the head's first step is fine-tuned, the
+new head is hot-reloaded); --heldout then also serves each held-out prompt with plain decoding
+and reports each mode's acceptance by depth, tokens per target call and decode speed against it.
 """
 
 from __future__ import annotations
@@ -70,7 +81,7 @@ def load_stream(spec: str, raw: bool, held_out: int = 0, shuffle: int | None = N
 
 
 def distill_config(args: argparse.Namespace) -> DistillConfig:
-    return DistillConfig(loss=args.loss, tau=args.tau, positions=args.positions,
+    return DistillConfig(loss=args.loss, tau=args.tau, positions=args.positions, teacher=args.teacher,
                          prompt_positions=args.prompt_positions, lr=args.lr,
                          lr_schedule=args.lr_schedule, epochs=args.epochs, batch_size=args.batch_size,
                          rehearsal=args.rehearsal, rehearsal_limit=args.rehearsal_limit,
@@ -90,17 +101,31 @@ def peak_rss_mb(pid: int | None = None) -> float | None:
     return None
 
 
+def stream_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The generation options of every request of the stream."""
+    options: dict[str, Any] = dict(max_tokens=args.max_tokens, method=args.method, n_draft=args.n_draft)
+    if args.head and args.method == "redrafter":  # a greedy chain of the head: acceptance by depth
+        options.update(beams=1, beam_length=args.n_draft)
+    return options
+
+
 def run_mode(mode: str, args: argparse.Namespace, stream: list[tuple[str, Any]], work_dir: Path) -> dict[str, Any]:
     import pyspec
     from pyspec.online import DomainRouter, OnlineDistiller
 
     config = distill_config(args)
-    options = dict(max_tokens=args.max_tokens, method=args.method, n_draft=args.n_draft)
+    options = stream_options(args)
     records: list[dict[str, Any]] = []
     t0 = time.perf_counter()
-    with pyspec.Engine(args.target, draft=args.draft, n_ctx=args.n_ctx, n_threads=args.threads) as engine:
+    drafter = dict(head=args.head) if args.head else dict(draft=args.draft)
+    with pyspec.Engine(args.target, n_ctx=args.n_ctx, n_threads=args.threads, **drafter) as engine:
         distiller = router = None
-        if mode == "online":
+        if mode == "online" and args.head:
+            from pyspec.head.online import HeadDistiller
+
+            distiller = HeadDistiller(engine, config, args.update_interval, args.buffer_limit, window=args.window,
+                                      work_dir=work_dir / mode)
+        elif mode == "online":
             distiller = OnlineDistiller(engine, config, args.update_interval, args.buffer_limit, window=args.window,
                                         work_dir=work_dir / mode)
         elif mode == "routed":
@@ -121,8 +146,10 @@ def run_mode(mode: str, args: argparse.Namespace, stream: list[tuple[str, Any]],
                 for _, d in distillers:
                     d.wait()
             s = result.stats
-            records.append({"index": i, "suite": suite, "draft": result.draft, "draft_version": result.draft_version,
+            records.append({"index": i, "suite": suite, "draft": "head" if args.head else result.draft,
+                            "draft_version": result.head_version if args.head else result.draft_version,
                             "n_drafted": s.n_drafted, "n_accepted": s.n_accepted, "n_generated": s.n_generated,
+                            "n_target_calls": s.n_target_calls, "accept_histogram": list(s.accept_histogram),
                             "n_positions": result.trace.reject_positions.shape[0],
                             "serve_seconds": serve_seconds, "tokens_per_second": s.tokens_per_second,
                             "tokens": result.tokens})
@@ -139,8 +166,8 @@ def run_mode(mode: str, args: argparse.Namespace, stream: list[tuple[str, Any]],
         for name, d in distillers:
             d.wait()
             trainer_peak = peak_rss_mb(d.trainer_pid)
-            finals[name] = keep_draft(engine.draft_paths[d.draft], args.keep_drafts,
-                                      f"{mode}{'-' if name else ''}{name}")
+            serving = engine.head_path if args.head else engine.draft_paths[d.draft]
+            finals[name] = keep_draft(serving, args.keep_drafts, f"{mode}{'-' if name else ''}{name}")
             d.close()
             st = d.stats()
             updates[name] = {"n_updates": st.n_updates, "n_failed_updates": st.n_failed_updates,
@@ -158,10 +185,16 @@ def run_mode(mode: str, args: argparse.Namespace, stream: list[tuple[str, Any]],
                         "n_rehearsed": rep.n_rehearsed, "lr": rep.lr, "train_seconds": rep.seconds,
                         "export_seconds": rep.export_seconds})})
         if not finals:
-            finals[""] = str(Path(args.draft).resolve()) if Path(args.draft).exists() else args.draft
+            finals[""] = starting_drafter(args)
     update_log.sort(key=lambda u: u["after_request"])
     return {"mode": mode, "records": records, "updates": updates, "update_log": update_log, "final_drafts": finals,
             "serving_peak_rss_mb": peak_rss_mb(), "seconds": time.perf_counter() - t0}
+
+
+def starting_drafter(args: argparse.Namespace) -> str:
+    """The draft (or head) file every mode starts from: what the static mode serves throughout."""
+    start = args.head or args.draft
+    return str(Path(start).resolve()) if Path(start).exists() else start
 
 
 def requests_before_update(domain_records: list[dict[str, Any]], started_after: int,
@@ -182,7 +215,8 @@ def reuse_runs(path: str, modes: list[str], args: argparse.Namespace) -> list[di
     earlier = json.loads(Path(path).read_text(encoding="utf-8"))
     # files written before --method existed ran method chain
     differ = [k for k in REUSE_MUST_MATCH if earlier["args"].get(k, "chain" if k == "method" else None) != getattr(args, k)]
-    differ += [k for k in ("target", "draft") if Path(earlier["args"][k]).name != Path(getattr(args, k)).name]
+    differ += [k for k in ("target", "draft", "head")
+               if Path(earlier["args"].get(k) or "").name != Path(getattr(args, k) or "").name]
     if differ:
         raise SystemExit(f"--reuse {path}: not the same stream ({', '.join(differ)} differ)")
     runs = [run for run in earlier["runs"] if run["mode"] in modes]
@@ -191,7 +225,7 @@ def reuse_runs(path: str, modes: list[str], args: argparse.Namespace) -> list[di
     for run in runs:
         run["reused_from"] = path
         if run["mode"] == "static":
-            run["final_drafts"] = {"": str(Path(args.draft).resolve()) if Path(args.draft).exists() else args.draft}
+            run["final_drafts"] = {"": starting_drafter(args)}
     return runs
 
 
@@ -289,6 +323,81 @@ def heldout_eval(args: argparse.Namespace, runs: list[dict[str, Any]], held_out:
     return out
 
 
+def heldout_eval_head(args: argparse.Namespace, runs: list[dict[str, Any]],
+                      held_out: list[tuple[str, Any]]) -> dict[str, Any]:
+    """The held-out prompts served with plain decoding and with each mode's final head (the
+    stream's method and options), one engine whose head is swapped between them; per prompt the
+    modes run in turn after plain decoding, so machine noise hits all alike. Per mode and suite:
+    acceptance pooled and by depth, tokens per target call, decode tokens/s and the median of the
+    per-prompt ratios to plain decoding, outputs equal to plain decoding's."""
+    import statistics
+
+    import pyspec
+
+    options = stream_options(args)
+    finals = {run["mode"]: run["final_drafts"][""] for run in runs}
+    rows: list[dict[str, Any]] = []
+    with pyspec.Engine(args.target, n_ctx=args.n_ctx, n_threads=args.threads, head=next(iter(finals.values()))) as engine:
+        for i, (suite, prompt) in enumerate(held_out):
+            plain = engine.generate(prompt, max_tokens=args.max_tokens, method="none")
+            row: dict[str, Any] = {"suite": suite, "none": plain.stats.tokens_per_second,
+                                   "none_ms_per_call": (plain.stats.t_total_ms - plain.stats.t_prefill_ms)
+                                   / max(1, plain.stats.n_target_calls)}
+            for mode, path in finals.items():
+                if engine.head_path != path:
+                    engine.reload_head(path)
+                r = engine.generate(prompt, **options)
+                s = r.stats
+                row[mode] = {"tokens_per_second": s.tokens_per_second, "n_drafted": s.n_drafted, "t_draft_ms": s.t_draft_ms,
+                             "n_accepted": s.n_accepted, "n_generated": s.n_generated,
+                             "n_target_calls": s.n_target_calls, "accept_histogram": list(s.accept_histogram),
+                             "identical": r.tokens == plain.tokens}
+            rows.append(row)
+            if args.progress:
+                print(f"\rheld-out eval: {i + 1}/{len(held_out)}", end="", file=sys.stderr, flush=True)
+        if args.progress:
+            print(file=sys.stderr)
+    summary: dict[str, Any] = {}
+    for suite in [*dict.fromkeys(r["suite"] for r in rows), "all"]:
+        rs = [r for r in rows if suite in ("all", r["suite"])]
+        plain_call = statistics.median(r["none_ms_per_call"] for r in rs)
+        entry: dict[str, Any] = {"n_prompts": len(rs), "none_tokens_per_second": statistics.median(r["none"] for r in rs),
+                                 "none_ms_per_call": plain_call}
+        for mode in finals:
+            ms = [r[mode] for r in rs]
+            drafted = sum(m["n_drafted"] for m in ms)
+            calls = max(1, sum(m["n_target_calls"] for m in ms))
+            per_call = sum(m["n_generated"] for m in ms) / calls
+            draft_ms = sum(m["t_draft_ms"] for m in ms) / calls
+            entry[mode] = {
+                "acceptance": sum(m["n_accepted"] for m in ms) / drafted if drafted else None,
+                "acceptance_by_depth": acceptance_by_depth([m["accept_histogram"] for m in ms]),
+                "tokens_per_target_call": per_call,
+                "draft_ms_per_call": draft_ms,
+                # a flat (GPU-like) verification curve: a call of any size costs a plain call,
+                # drafting what it cost here
+                "flat_curve_speedup": per_call * plain_call / (plain_call + draft_ms),
+                "tokens_per_second": statistics.median(m["tokens_per_second"] for m in ms),
+                "speedup_over_none": statistics.median(m["tokens_per_second"] / r["none"] for m, r in zip(ms, rs)),
+                "identical_to_none": sum(m["identical"] for m in ms)}
+        summary[suite] = entry
+    return {"n_per_suite": args.heldout, "rows": rows, "summary": summary,
+            "acceptance": {mode: {s: e[mode]["acceptance"] for s, e in summary.items() if s != "all"} for mode in finals}}
+
+
+def acceptance_by_depth(histograms: list[list[int]]) -> list[float | None]:
+    """Greedy chains' acceptance at depth 1, 2, ...: among the steps that accepted at least k - 1
+    draft tokens, the share that accepted at least k (histograms: steps that accepted i tokens,
+    pooled over generations)."""
+    depth = max((len(h) for h in histograms), default=0)
+    pooled = [sum(h[i] for h in histograms if i < len(h)) for i in range(depth)]
+    out: list[float | None] = []
+    for k in range(1, depth):
+        reached, went_on = sum(pooled[k - 1:]), sum(pooled[k:])
+        out.append(went_on / reached if reached else None)
+    return out
+
+
 def heldout_acceptance(prompts: dict[str, list[list[Any]]], first: int | None = None) -> dict[str, dict[str, Any]]:
     """Per mode and suite: accepted / drafted pooled over the suite's held-out prompts (its
     first `first` of them when given)."""
@@ -315,6 +424,23 @@ def windowed_acceptance(records: list[dict[str, Any]], window: int) -> list[floa
     return out
 
 
+def stream_windows(records: list[dict[str, Any]], window: int) -> list[dict[str, Any]]:
+    """The stream cut into consecutive windows of `window` requests (the last one may be
+    shorter): pooled acceptance, tokens per target call, mean decode tokens/s, and the drafter
+    version that served the window's last request."""
+    out = []
+    for start in range(0, len(records), window):
+        rs = records[start:start + window]
+        drafted = sum(r["n_drafted"] for r in rs)
+        calls = sum(r.get("n_target_calls", 0) for r in rs)
+        out.append({"first": start, "last": start + len(rs) - 1,
+                    "acceptance": sum(r["n_accepted"] for r in rs) / drafted if drafted else None,
+                    "tokens_per_target_call": sum(r["n_generated"] for r in rs) / calls if calls else None,
+                    "tokens_per_second": sum(r["tokens_per_second"] for r in rs) / len(rs),
+                    "draft_version": rs[-1]["draft_version"]})
+    return out
+
+
 def summarize(runs: list[dict[str, Any]], window: int) -> dict[str, Any]:
     base = next((r for r in runs if r["mode"] == "static"), None)
     summary: dict[str, Any] = {}
@@ -333,6 +459,11 @@ def summarize(runs: list[dict[str, Any]], window: int) -> dict[str, Any]:
                  "updates": run["updates"], "seconds": round(run["seconds"], 1),
                  "serving_peak_rss_mb": run.get("serving_peak_rss_mb"),
                  "training_positions": sum(r.get("n_positions", 0) for r in recs)}
+        windows = stream_windows(recs, window)
+        entry["windows"] = windows
+        if len(windows) > 1 and windows[0]["tokens_per_second"]:
+            entry["last_over_first_window_tokens_per_second"] = (windows[-1]["tokens_per_second"]
+                                                                 / windows[0]["tokens_per_second"])
         log = run["update_log"]
         if log:
             ratios = [u["update_seconds"] / u["serve_seconds_of_interval"] for u in log if u["serve_seconds_of_interval"]]
@@ -360,9 +491,19 @@ def plot(runs: list[dict[str, Any]], window: int, path: str, heldout: dict[str, 
     import matplotlib.pyplot as plt
 
     if heldout is None:
-        fig, ax = plt.subplots(figsize=(9, 4.5))
+        fig, (ax, speed) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
     else:
-        fig, (ax, bars) = plt.subplots(1, 2, figsize=(13, 4.5), gridspec_kw={"width_ratios": [3, 1.2]})
+        fig, axes = plt.subplots(2, 2, figsize=(13, 7), gridspec_kw={"width_ratios": [3, 1.2]})
+        (ax, bars), (speed, unused) = axes
+        unused.axis("off")
+    for run in runs:  # decode speed of each window of requests, at the window's middle
+        ws = stream_windows(run["records"], window)
+        speed.plot([(w["first"] + w["last"]) / 2 for w in ws], [w["tokens_per_second"] for w in ws], marker="o",
+                   label=run["mode"])
+    speed.set_xlabel("request")
+    speed.set_ylabel(f"decode tokens/s (windows of {window})")
+    speed.set_ylim(bottom=0)
+    speed.legend()
     for run in runs:
         series = windowed_acceptance(run["records"], window)
         ax.plot(range(len(series)), [float("nan") if v is None else v for v in series], label=run["mode"])
@@ -373,7 +514,6 @@ def plot(runs: list[dict[str, Any]], window: int, path: str, heldout: dict[str, 
     for suite in dict.fromkeys(r["suite"] for r in recs):
         first = next(r["index"] for r in recs if r["suite"] == suite)
         ax.text(first + 1, 0.02, suite, fontsize=8, color="grey")
-    ax.set_xlabel("request")
     ax.set_ylabel(f"acceptance (last {window} requests)")
     ax.set_ylim(0, 1)
     ax.legend()
@@ -404,7 +544,10 @@ def make_tiny_models(folder: Path) -> tuple[str, str]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
-    p.add_argument("--draft", default=None, help="draft GGUF or registry name (required unless --tiny)")
+    p.add_argument("--draft", default=None, help="draft GGUF or registry name (required unless --tiny or --head)")
+    p.add_argument("--head", default=None, metavar="HEAD.gguf",
+                   help="fine-tune the engine's draft head instead of a draft model (modes static and online; "
+                        "method redrafter unless --method says otherwise; --n-draft: the head chain's length)")
     p.add_argument("--tiny", action="store_true", help="tiny random models (smoke run), raw prompts")
     p.add_argument("--stream", default="humaneval:200,gsm8k:200,mtbench:80", help="suite:n,... in stream order")
     p.add_argument("--modes", default="static,online,routed", help=f"comma-separated: {', '.join(MODES)}")
@@ -414,7 +557,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shuffle", type=int, default=None, metavar="SEED",
                    help="put each suite's prompts in a random order (this seed) before taking the stream's and the "
                         "held-out prompts: held-out prompts from the stream's own distribution (default: file order)")
-    p.add_argument("--method", default="chain", help="generation method of the stream (default chain)")
+    p.add_argument("--method", default=None,
+                   help="generation method of the stream (default chain; redrafter with --head)")
+    p.add_argument("--teacher", choices=["trace", "evaluate"], default="trace",
+                   help="where the target's distributions come from (DistillConfig.teacher)")
     p.add_argument("--loss", choices=["fkl", "rkl", "jsd", "ce"], default="fkl")
     p.add_argument("--tau", type=float, default=1.0)
     p.add_argument("--positions", choices=["rejected", "all"], default="rejected")
@@ -461,6 +607,15 @@ def main(argv: list[str] | None = None) -> int:
     modes = [m for m in args.modes.split(",") if m]
     if unknown := sorted(set(modes) - set(MODES)):
         p.error(f"unknown mode(s) {', '.join(unknown)}")
+    if args.method is None:
+        args.method = "redrafter" if args.head else "chain"
+    if args.head:
+        if args.tiny or args.draft:
+            p.error("--head fine-tunes a draft head: give it without --tiny and --draft")
+        if "routed" in modes or args.auto_eval:
+            p.error("--head runs modes static and online (one head per engine) and no --auto-eval")
+        if not Path(args.head).is_file():
+            p.error(f"--head {args.head}: no such file")
 
     import torch
 
@@ -470,8 +625,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.tiny:
             args.target, args.draft = make_tiny_models(work_dir)
             args.raw = True
-        if args.draft is None:
-            p.error("--draft is required (see the docstring for deriving a cheap one)")
+        if args.draft is None and not args.head:
+            p.error("--draft or --head is required (see the docstring for deriving a cheap draft)")
         stream, held_out = load_stream(args.stream, args.raw, max(args.auto_eval, args.heldout), args.shuffle)
         reused = reuse_runs(args.reuse, [m for m in args.reuse_modes.split(",") if m], args) if args.reuse else []
         runs = [*reused, *(run_mode(mode, args, stream, work_dir) for mode in modes
@@ -480,13 +635,14 @@ def main(argv: list[str] | None = None) -> int:
         by_suite = {}
         for suite, prompt in held_out:
             by_suite.setdefault(suite, []).append((suite, prompt))
-        heldout = (heldout_eval(args, runs, [x for xs in by_suite.values() for x in xs[: args.heldout]])
-                   if args.heldout else None)
+        chosen = [x for xs in by_suite.values() for x in xs[: args.heldout]]
+        heldout = (None if not args.heldout else heldout_eval_head(args, runs, chosen) if args.head
+                   else heldout_eval(args, runs, chosen))
         evaluation = (auto_eval(args, runs, [x for xs in by_suite.values() for x in xs[: args.auto_eval]], work_dir)
                       if args.auto_eval else None)
     summary = summarize(runs, args.window)
     if heldout is not None:
-        summary["heldout"] = {key: value for key, value in heldout.items() if key != "prompts"}
+        summary["heldout"] = {key: value for key, value in heldout.items() if key not in ("prompts", "rows")}
     if evaluation is not None:
         summary["auto_eval"] = evaluation["summary"]
     print(json.dumps(summary, indent=1))

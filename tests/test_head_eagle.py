@@ -327,6 +327,54 @@ def test_online_fine_tuning_of_an_eagle_head(tiny_target: str, native: dict[str,
             distiller.close()
 
 
+def test_stream_experiment_fine_tunes_the_head(tiny_target: str, native: dict[str, object], tmp_path: Path) -> None:
+    """benchmarks/online_stream.py --head: the static mode serves the starting head throughout,
+    the online mode serves the heads its updates made (versions rising), windows of the stream
+    are reported, and the held-out prompts are served with plain decoding and each mode's final
+    head, with greedy outputs equal to plain decoding's."""
+    import json
+
+    from test_online_stream_log import load_script
+
+    out = tmp_path / "stream.json"
+    script = load_script()
+    assert script.main(["--target", tiny_target, "--head", native["files"]["untrained"], "--raw",
+                        "--stream", "humaneval:6", "--heldout", "2", "--modes", "static,online", "--window", "3",
+                        "--update-interval", "3", "--wait-updates", "--positions", "all", "--teacher", "evaluate",
+                        "--lr", "3e-3", "--epochs", "4", "--export-dtype", "f32", "--max-tokens", "16",
+                        "--n-draft", "3", "--json", str(out), "--no-progress"]) == 0
+    report = json.loads(out.read_text())
+    runs = {run["mode"]: run for run in report["runs"]}
+    assert [r["draft_version"] for r in runs["static"]["records"]] == [1] * 6
+    online = [r["draft_version"] for r in runs["online"]["records"]]
+    assert online[:3] == [1, 1, 1] and online[3:] == [2, 2, 2], online  # one update after 3 requests
+    assert runs["online"]["updates"][""]["n_failed_updates"] == 0
+    assert all(a["tokens"] == b["tokens"] for a, b in zip(runs["static"]["records"], runs["online"]["records"]))
+    for mode in ("static", "online"):
+        windows = report["summary"][mode]["windows"]
+        assert [(w["first"], w["last"]) for w in windows] == [(0, 2), (3, 5)]
+        assert all(w["tokens_per_target_call"] >= 1.0 for w in windows)
+    held = report["summary"]["heldout"]["summary"]["all"]
+    assert held["n_prompts"] == 2
+    for mode in ("static", "online"):
+        assert held[mode]["identical_to_none"] == 2
+        m = held[mode]
+        assert m["flat_curve_speedup"] == pytest.approx(
+            m["tokens_per_target_call"] * held["none_ms_per_call"] / (held["none_ms_per_call"] + m["draft_ms_per_call"]))
+        assert held[mode]["acceptance_by_depth"] and all(0.0 <= a <= 1.0 for a in held[mode]["acceptance_by_depth"]
+                                                          if a is not None)
+    assert report["heldout"]["rows"][0]["online"]["n_drafted"] > 0
+
+
+def test_acceptance_by_depth_of_pooled_chains() -> None:
+    """Depth k: among the steps that accepted at least k - 1 tokens, the share that accepted k."""
+    from test_online_stream_log import load_script
+
+    depth = load_script().acceptance_by_depth([[2, 1, 1], [0, 1, 0, 0]])  # steps that accepted 0, 1, 2, (3)
+    assert depth == [3 / 5, 1 / 3, 0.0]
+    assert load_script().acceptance_by_depth([[4]]) == []
+
+
 @pytest.mark.parametrize("beams,length", [(1, 5), (4, 5)])
 def test_eagle_head_greedy_equals_plain(native: dict[str, object], beams: int, length: int) -> None:
     engine = native["engine"]
