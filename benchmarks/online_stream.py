@@ -86,7 +86,8 @@ def distill_config(args: argparse.Namespace) -> DistillConfig:
                          lr_schedule=args.lr_schedule, epochs=args.epochs, batch_size=args.batch_size,
                          rehearsal=args.rehearsal, rehearsal_limit=args.rehearsal_limit,
                          train_vocab=args.train_vocab, train_blocks=args.train_blocks,
-                         train_threads=args.train_threads, export_dtype=args.export_dtype)
+                         train_threads=args.train_threads, export_dtype=args.export_dtype,
+                         head_depth=args.head_depth)
 
 
 def peak_rss_mb(pid: int | None = None) -> float | None:
@@ -557,6 +558,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shuffle", type=int, default=None, metavar="SEED",
                    help="put each suite's prompts in a random order (this seed) before taking the stream's and the "
                         "held-out prompts: held-out prompts from the stream's own distribution (default: file order)")
+    p.add_argument("--head-depth", type=int, default=1,
+                   help="with --head: draft steps an update trains (DistillConfig.head_depth; default 1)")
     p.add_argument("--method", default=None,
                    help="generation method of the stream (default chain; redrafter with --head)")
     p.add_argument("--teacher", choices=["trace", "evaluate"], default="trace",

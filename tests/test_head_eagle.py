@@ -301,16 +301,55 @@ def test_eagle_head_gguf_round_trip_and_online_rows(native: dict[str, object]) -
     assert torch.allclose(full[:, head.vocab], kept, atol=1e-5)
 
 
-def test_online_fine_tuning_of_an_eagle_head(tiny_target: str, native: dict[str, object]) -> None:
+def test_online_head_steps_are_the_heads_own_steps(native: dict[str, object]) -> None:
+    """DistillConfig(head_depth=k): the online trainer's step j logits at row r are what the
+    head drafts at step j from the hidden state of row r - 1 and the real tokens r .. r + j - 1
+    (a loop one step at a time), learnt against row r + j - 1's target distribution, for the
+    rows whose next j - 1 rows are in the sample; head_depth 1 is the first step alone."""
+    from pyspec.head.online import HeadDraft
+    from pyspec.online.buffer import TraceSample
+    from pyspec.online.config import DistillConfig
+
+    head = native["head"]
+    torch.manual_seed(5)
+    tokens = head.vocab[torch.randint(0, head.n_kept, (10,))].numpy().astype(np.int32)
+    rows = np.array([1, 2, 3, 4, 6, 7], dtype=np.int32)  # row 5 missing: chains through it stop
+    hidden = torch.randn(len(rows), head.config.n_embd).numpy()
+    sample = TraceSample(tokens=tokens, rows=rows, top_ids=np.arange(len(rows), dtype=np.int32)[:, None],
+                         top_probs=np.ones((len(rows), 1), np.float32), hidden=hidden)
+    first = HeadDraft(native["files"]["f32"], DistillConfig())
+    [(only, at)] = first.step_logits(sample)
+    assert at is None and torch.equal(only, first.row_logits(sample))
+    draft = HeadDraft(native["files"]["f32"], DistillConfig(head_depth=3))
+    parts = draft.step_logits(sample)
+    expected_rows = [[1, 2, 3, 4, 6, 7], [1, 2, 3, 6], [1, 2]]
+    assert len(parts) == 3
+    with torch.no_grad():
+        for j, ((logits, teacher), anchors) in enumerate(zip(parts, expected_rows)):
+            assert list(rows[teacher]) == [r + j for r in anchors]  # the distribution of row r + j
+            assert logits.shape == (len(anchors), head.config.n_target_vocab)
+            for i, r in enumerate(anchors):
+                g = torch.from_numpy(hidden[list(rows).index(r)])
+                for k in range(j + 1):  # one step at a time, from the real token r + k
+                    z = head.w_in(torch.cat([g, head.embedding[head.row_of[int(tokens[r + k])]]]))
+                    g = head.out_norm(head._mlp(z))
+                assert torch.allclose(logits[i, head.vocab], g @ head.output_rows().T, atol=1e-4)
+    with pytest.raises(ValueError, match="head_depth"):
+        DistillConfig(head_depth=0)
+
+
+@pytest.mark.parametrize("head_depth", [1, 3])
+def test_online_fine_tuning_of_an_eagle_head(tiny_target: str, native: dict[str, object], head_depth: int) -> None:
     """HeadDistiller fine-tunes an EAGLE-class head as it does the recurrent one: an update
-    trains its first step in the training process, the new head is reloaded, outputs stay the
-    target's."""
+    trains its first step (head_depth 1) or its first three steps in the training process, the
+    new head is reloaded, outputs stay the target's."""
     from pyspec.head.online import HeadDistiller
     from pyspec.online.config import DistillConfig
 
     with pyspec.Engine(tiny_target, n_ctx=1024, n_threads=1, head=native["files"]["untrained"]) as engine:
         distiller = HeadDistiller(engine, DistillConfig(lr=3e-3, positions="all", epochs=4, train_threads=1,
-                                                        export_dtype="f32"), update_interval=100)
+                                                        export_dtype="f32", head_depth=head_depth),
+                                  update_interval=100)
         try:
             before = [distiller.generate(p, max_tokens=32) for p in PROMPTS[:3]]
             assert all(r.head_version == 1 for r in before)

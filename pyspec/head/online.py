@@ -39,8 +39,9 @@ OTHER_TOKENS_LOG_GAP = 30.0
 class HeadDraft:
     """A head GGUF as a pyspec.online Distillable (trainer.Distillable): `module` is the
     RecurrentHead or EagleHead, `row_logits` its first draft step at a sample's rows as
-    full-vocabulary logits, `export` a head GGUF (q8_0 unless config.export_dtype names f32 or
-    f16)."""
+    full-vocabulary logits, `step_logits` its steps 1..config.head_depth (an EAGLE-class head;
+    the recurrent head's first step only), `export` a head GGUF (q8_0 unless config.export_dtype
+    names f32 or f16)."""
 
     suffix = ".gguf"
 
@@ -49,6 +50,7 @@ class HeadDraft:
 
         self.module, self.info = load_head(path)
         self.dtype = config.export_dtype if config.export_dtype in ("f32", "f16", "q8_0") else "q8_0"
+        self.depth = config.head_depth
 
     def vocab_parameters(self) -> list:  # -> list[torch.nn.Parameter]
         """The head's own output matrix (config.train_vocab=False freezes it); a head sharing the
@@ -73,6 +75,44 @@ class HeadDraft:
             kept = head(x[:, None], g0[:, None, None], 1)[0][:, 0, 0]       # [n, V']
         else:
             kept, _ = head.step(x, torch.zeros_like(x), head.row_of[g0])   # [n, V']
+        return self._full(kept)
+
+    def step_logits(self, sample: TraceSample) -> list:  # -> [(torch.Tensor [n_k, n_vocab], np.ndarray [n_k])]
+        """Steps 1..depth of the head at the sample's rows, each with the sample rows whose target
+        distributions it learns. Row r's step k starts from tokens[r + k - 1] and the head's
+        feature after step k - 1 (step 1: the hidden state of row r - 1) and drafts tokens[r + k],
+        whose target distribution is that of row r + k - 1: step k is trained at the rows r for
+        which rows r .. r + k - 1 are all in the sample."""
+        import torch
+
+        from .eagle import EagleHead
+
+        head = self.module
+        if self.depth == 1 or not isinstance(head, EagleHead):
+            return [(self.row_logits(sample), None)]
+        if sample.hidden is None:
+            raise ValueError("a draft head trains on samples with hidden states (HeadDistiller makes them)")
+        rows = sample.rows.astype(np.int64)
+        n, depth = rows.shape[0], self.depth
+        valid = np.ones((n, depth), dtype=bool)
+        tokens = np.zeros((n, depth), dtype=np.int64)
+        for k in range(depth):
+            present = np.isin(rows + k, rows)
+            valid[:, k] = present if k == 0 else valid[:, k - 1] & present
+            tokens[valid[:, k], k] = sample.tokens[rows[valid[:, k]] + k]  # others: padding, never read back
+        x = torch.from_numpy(np.asarray(sample.hidden, dtype=np.float32))
+        kept = head(x[:, None], torch.from_numpy(tokens)[:, None], depth)[0][:, 0]    # [n, depth, V']
+        parts = []
+        for k in range(depth):
+            sel = np.flatnonzero(valid[:, k])
+            if sel.size:
+                parts.append((self._full(kept[torch.from_numpy(sel), k]), np.searchsorted(rows, rows[sel] + k)))
+        return parts
+
+    def _full(self, kept):  # [n, V'] kept-vocabulary logits -> [n, n_vocab]
+        import torch
+
+        head = self.module
         other = torch.logsumexp(kept, dim=-1, keepdim=True).detach() - OTHER_TOKENS_LOG_GAP
         full = other.expand(kept.shape[0], head.config.n_target_vocab).clone()
         return full.scatter(1, head.vocab.expand(kept.shape[0], -1), kept)

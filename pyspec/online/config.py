@@ -99,6 +99,12 @@ class DistillConfig:
     train_threads: torch's CPU threads in the training process; keep train_threads + the
     engine's n_threads within the cores, or they slow each other.
     export_dtype: the GGUF type of the trained draft (module docstring; default "source").
+    head_depth: for a draft head (pyspec.head.online.HeadDistiller), how many of its draft steps
+    an update trains: 1 (the default) the first step only; k > 1 also steps 2..k of an
+    EAGLE-class head, as its offline training does (each step from the head's own predicted
+    feature and the real next token, against the target's distribution there), so that moving
+    the first step does not leave the later ones, which reuse its layer, behind. The loss is
+    then summed over the steps. The recurrent head trains its first step whatever this says.
     """
 
     loss: str = "fkl"
@@ -121,6 +127,7 @@ class DistillConfig:
     train_threads: int = 1
     export_dtype: str = "source"
     seed: int = 0
+    head_depth: int = 1
 
     def __post_init__(self) -> None:
         losses = ("fkl", "rkl", "jsd", "ce")  # losses.LOSSES, which needs torch
@@ -145,6 +152,8 @@ class DistillConfig:
             (isinstance(self.train_blocks, int) and not isinstance(self.train_blocks, bool) and self.train_blocks >= 0,
              f"train_blocks must be a whole number of blocks >= 0 (0: all), got {self.train_blocks!r}"),
             (self.train_threads >= 1, f"train_threads must be >= 1, got {self.train_threads}"),
+            (isinstance(self.head_depth, int) and not isinstance(self.head_depth, bool) and self.head_depth >= 1,
+             f"head_depth must be a whole number of draft steps >= 1, got {self.head_depth!r}"),
             (self.export_dtype in EXPORT_TYPES,
              f"export_dtype must be one of {', '.join(EXPORT_TYPES)}, got {self.export_dtype!r}"),
         ]

@@ -45,8 +45,10 @@ class Distillable(Protocol):
     Optionally `vocab_parameters()`: its parameters indexed by vocabulary (embedding, output
     matrix), which config.train_vocab=False freezes; a drafter without it has none to freeze.
     A drafter made of transformer blocks can offer `early_block_parameters(n)` (every block's
-    parameters but the last n's), which config.train_blocks freezes, and `start_update()`, called
-    before each update's training (to drop what it cached for the previous one)."""
+    parameters but the last n's), which config.train_blocks freezes, `start_update()`, called
+    before each update's training (to drop what it cached for the previous one), and
+    `step_logits(sample)`, which replaces row_logits in the loss when it learns more than one
+    distribution per row (sample_loss)."""
 
     module: torch.nn.Module
 
@@ -117,10 +119,21 @@ def student_row_logits(student: Student, sample: TraceSample) -> torch.Tensor:
 
 
 def sample_loss(student: Student, sample: TraceSample, config: DistillConfig) -> torch.Tensor:
-    """Summed loss over the sample's rows (a 0-dim tensor with grad)."""
-    logits = student_row_logits(student, sample)  # [n_rows, n_vocab]
-    target = TopK(torch.from_numpy(sample.top_ids.astype(np.int64)), torch.from_numpy(sample.top_probs))
-    return distill_loss(logits, target, loss=config.loss, tau=config.tau, beta=config.beta, reduction="sum")
+    """Summed loss over the sample's rows (a 0-dim tensor with grad). A Distillable with
+    `step_logits(sample)` (a draft head training several draft steps) gives a list of
+    (logits [n, n_vocab], index [n] of the sample rows whose target distributions they learn);
+    the loss is summed over all of them."""
+    steps = None if isinstance(student, DraftModel) else getattr(student, "step_logits", None)
+    parts = steps(sample) if callable(steps) else [(student_row_logits(student, sample), None)]
+    total = None
+    for logits, at in parts:
+        ids, probs = (sample.top_ids, sample.top_probs) if at is None else (sample.top_ids[at], sample.top_probs[at])
+        target = TopK(torch.from_numpy(ids.astype(np.int64)), torch.from_numpy(probs))
+        part = distill_loss(logits, target, loss=config.loss, tau=config.tau, beta=config.beta, reduction="sum")
+        total = part if total is None else total + part
+    if total is None:
+        raise ValueError("the student gave no logits for this sample")
+    return total
 
 
 def batch_loss(student: Student, samples: Sequence[TraceSample], config: DistillConfig) -> torch.Tensor:
