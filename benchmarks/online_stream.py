@@ -240,6 +240,19 @@ def keep_draft(path: str, folder: str | None, name: str) -> str:
     return str(shutil.copyfile(path, Path(folder) / f"{name}.gguf"))
 
 
+def by_suite_and_all(rows: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """(suite, its rows) for each suite in the order first served, then ("all", every row)."""
+    return [(suite, [r for r in rows if suite in ("all", r["suite"])])
+            for suite in [*dict.fromkeys(r["suite"] for r in rows), "all"]]
+
+
+def show_progress(args: argparse.Namespace, label: str, done: int | None, total: int = 0) -> None:
+    """A one-line progress count on stderr with --progress; done None ends the line."""
+    if args.progress:
+        print(file=sys.stderr) if done is None else print(f"\r{label}: {done}/{total}", end="", file=sys.stderr,
+                                                          flush=True)
+
+
 def auto_eval(args: argparse.Namespace, runs: list[dict[str, Any]], held_out: list[tuple[str, Any]],
               work_dir: Path) -> dict[str, Any]:
     """Method auto with each mode's final draft(s), on prompts the stream did not contain.
@@ -277,13 +290,10 @@ def auto_eval(args: argparse.Namespace, runs: list[dict[str, Any]], held_out: li
                 row[mode] = {"tokens_per_second": s.tokens_per_second, "draft_decodes": s.n_draft_decodes,
                              "target_calls": s.n_target_calls, "identical": r.tokens == plain.tokens}
             rows.append(row)
-            if args.progress:
-                print(f"\rauto eval: {i + 1}/{len(held_out)}", end="", file=sys.stderr, flush=True)
-        if args.progress:
-            print(file=sys.stderr)
+            show_progress(args, "auto eval", i + 1, len(held_out))
+        show_progress(args, "auto eval", None)
     summary: dict[str, Any] = {}
-    for suite in [*dict.fromkeys(r["suite"] for r in rows), "all"]:
-        rs = [r for r in rows if suite in ("all", r["suite"])]
+    for suite, rs in by_suite_and_all(rows):
         none = sum(r["none"] for r in rs) / len(rs)
         entry: dict[str, Any] = {"none_tokens_per_second": none}
         for run in runs:
@@ -314,10 +324,8 @@ def heldout_eval(args: argparse.Namespace, runs: list[dict[str, Any]], held_out:
                 slot = f"{mode}:{suite}" if f"{mode}:{suite}" in slots else f"{mode}:"
                 s = engine.generate(prompt, draft=slot, **options).stats
                 prompts[mode].append([suite, s.n_drafted, s.n_accepted])
-            if args.progress:
-                print(f"\rheld-out eval: {i + 1}/{len(held_out)}", end="", file=sys.stderr, flush=True)
-        if args.progress:
-            print(file=sys.stderr)
+            show_progress(args, "held-out eval", i + 1, len(held_out))
+        show_progress(args, "held-out eval", None)
     out = {"n_per_suite": args.heldout, "acceptance": heldout_acceptance(prompts), "prompts": prompts}
     if args.heldout > 8:  # the stream experiment's held-out rows are the first 8 of each suite
         out["acceptance_first_8"] = heldout_acceptance(prompts, 8)
@@ -354,13 +362,10 @@ def heldout_eval_head(args: argparse.Namespace, runs: list[dict[str, Any]],
                              "n_target_calls": s.n_target_calls, "accept_histogram": list(s.accept_histogram),
                              "identical": r.tokens == plain.tokens}
             rows.append(row)
-            if args.progress:
-                print(f"\rheld-out eval: {i + 1}/{len(held_out)}", end="", file=sys.stderr, flush=True)
-        if args.progress:
-            print(file=sys.stderr)
+            show_progress(args, "held-out eval", i + 1, len(held_out))
+        show_progress(args, "held-out eval", None)
     summary: dict[str, Any] = {}
-    for suite in [*dict.fromkeys(r["suite"] for r in rows), "all"]:
-        rs = [r for r in rows if suite in ("all", r["suite"])]
+    for suite, rs in by_suite_and_all(rows):
         plain_call = statistics.median(r["none_ms_per_call"] for r in rs)
         entry: dict[str, Any] = {"n_prompts": len(rs), "none_tokens_per_second": statistics.median(r["none"] for r in rs),
                                  "none_ms_per_call": plain_call}
