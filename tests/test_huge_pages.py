@@ -46,7 +46,7 @@ print(json.dumps({"anonymous_kb": sum(a for a, _ in added), "huge_kb": sum(h for
 def test_the_engines_buffers_are_in_huge_pages() -> None:
     """SmolLM2-135M (its KV cache and compute buffers are about as large as its weights): at
     least half of what loading it added is in huge pages (all of it in the runs seen; 14 of 117
-    MB when the weights' buffers were advised at the load's first progress callback only and the
+    MB if the weights' buffers are advised at the load's first progress callback only and the
     context's buffers collapsed in one call)."""
     from pyspec.models import resolve_model
 

@@ -165,7 +165,8 @@ RepackOverrides repack_overrides(const std::string& path) {
 // (repacked weights, KV cache, compute and output buffers). Where the kernel's THP mode is
 // "madvise" (the development machines), anonymous memory gets huge pages only where asked, and
 // they take 7% off a one-token decode of the 1.5B target (docs/cost-curves.md, the Xeon AMX
-// table) and 5.5% off SmolLM2-135M's (docs/results-speed.md, "Huge pages"). The engine asks for them on the anonymous mappings of 2 MiB or more that appear during a load (a
+// table) and 5.5% off SmolLM2-135M's (docs/results-speed.md, "Huge pages"). The engine asks
+// for them on the anonymous mappings of 2 MiB or more that appear during a load (a
 // diff of /proc/self/maps): the weights' buffers at every progress callback of the load, once
 // allocated and before they are written (advised memory is then faulted in as huge pages), the
 // context's buffers after its creation, advised and collapsed (MADV_COLLAPSE) one 2 MiB range at
@@ -207,7 +208,7 @@ void advise_huge_pages(const std::vector<Mapping>& before, bool collapse) {
         void* addr = reinterpret_cast<void*>(start);
         if (madvise(addr, end - start, MADV_HUGEPAGE) != 0 || !collapse) continue;
         // One 2 MiB range at a time: asked for a whole context's buffers at once, the kernel
-        // answered EINVAL and left most of them in 4 KiB pages.
+        // answers EINVAL and leaves most of them in 4 KiB pages.
         for (uintptr_t at = start; at < end; at += kHuge) madvise(reinterpret_cast<void*>(at), kHuge, kCollapse);
     }
 #else
