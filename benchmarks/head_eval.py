@@ -38,18 +38,12 @@ import numpy as np
 
 from pyspec import Engine, _core
 from pyspec.data import load_prompt_slices
+from pyspec.results import depth_counts
 
 SHAPES = ((1, 5), (2, 5), (4, 5))
 DEPTH = 5
 DEFAULT_PROMPTS = ("humaneval[156:164]", "mtbench[72:80]", "gsm8k[1311:1319]")
 DRAFTERS = (("redrafter", "head"), ("beam", "0.5B draft"))
-
-
-def depth_counts(histogram: list[int], n_empty: int) -> list[int]:
-    """Steps that drafted and accepted at least k tokens, k = 0..DEPTH (k = 0: steps that drafted)."""
-    h = list(histogram) + [0] * (DEPTH + 1 - len(histogram))
-    h[0] -= n_empty
-    return [sum(h[k:]) for k in range(DEPTH + 1)]
 
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:
@@ -105,7 +99,7 @@ def run_quality(args: argparse.Namespace) -> None:
                     "tokens_per_target_call": s.tokens_per_target_call, "n_generated": s.n_generated,
                     "n_target_calls": s.n_target_calls, "n_accepted": s.n_accepted, "n_drafted": s.n_drafted,
                     "n_candidate_tokens": s.n_candidate_tokens, "n_empty_drafts": s.n_empty_drafts,
-                    "depth_counts": depth_counts(s.accept_histogram, s.n_empty_drafts),
+                    "depth_counts": depth_counts(s.accept_histogram, s.n_empty_drafts, DEPTH),
                     "identical": list(r.tokens) == record["plain_tokens"],
                 }
                 if not entry["identical"]:

@@ -151,7 +151,7 @@ def run_mode(mode: str, args: argparse.Namespace, stream: list[tuple[str, Any]],
                             "draft_version": result.head_version if args.head else result.draft_version,
                             "n_drafted": s.n_drafted, "n_accepted": s.n_accepted, "n_generated": s.n_generated,
                             "n_target_calls": s.n_target_calls, "accept_histogram": list(s.accept_histogram),
-                            "n_positions": result.trace.reject_positions.shape[0],
+                            "n_empty_drafts": s.n_empty_drafts, "n_positions": result.trace.reject_positions.shape[0],
                             "serve_seconds": serve_seconds, "tokens_per_second": s.tokens_per_second,
                             "tokens": result.tokens})
             if args.records_log:
@@ -360,7 +360,7 @@ def heldout_eval_head(args: argparse.Namespace, runs: list[dict[str, Any]],
                 row[mode] = {"tokens_per_second": s.tokens_per_second, "n_drafted": s.n_drafted, "t_draft_ms": s.t_draft_ms,
                              "n_accepted": s.n_accepted, "n_generated": s.n_generated,
                              "n_target_calls": s.n_target_calls, "accept_histogram": list(s.accept_histogram),
-                             "identical": r.tokens == plain.tokens}
+                             "n_empty_drafts": s.n_empty_drafts, "identical": r.tokens == plain.tokens}
             rows.append(row)
             show_progress(args, "held-out eval", i + 1, len(held_out))
         show_progress(args, "held-out eval", None)
@@ -377,7 +377,7 @@ def heldout_eval_head(args: argparse.Namespace, runs: list[dict[str, Any]],
             draft_ms = sum(m["t_draft_ms"] for m in ms) / calls
             entry[mode] = {
                 "acceptance": sum(m["n_accepted"] for m in ms) / drafted if drafted else None,
-                "acceptance_by_depth": acceptance_by_depth([m["accept_histogram"] for m in ms]),
+                "acceptance_by_depth": acceptance_by_depth(ms),
                 "tokens_per_target_call": per_call,
                 "draft_ms_per_call": draft_ms,
                 # a flat (GPU-like) verification curve: a call of any size costs a plain call,
@@ -391,17 +391,16 @@ def heldout_eval_head(args: argparse.Namespace, runs: list[dict[str, Any]],
             "acceptance": {mode: {s: e[mode]["acceptance"] for s, e in summary.items() if s != "all"} for mode in finals}}
 
 
-def acceptance_by_depth(histograms: list[list[int]]) -> list[float | None]:
-    """Greedy chains' acceptance at depth 1, 2, ...: among the steps that accepted at least k - 1
-    draft tokens, the share that accepted at least k (histograms: steps that accepted i tokens,
-    pooled over generations)."""
-    depth = max((len(h) for h in histograms), default=0)
-    pooled = [sum(h[i] for h in histograms if i < len(h)) for i in range(depth)]
-    out: list[float | None] = []
-    for k in range(1, depth):
-        reached, went_on = sum(pooled[k - 1:]), sum(pooled[k:])
-        out.append(went_on / reached if reached else None)
-    return out
+def acceptance_by_depth(generations: list[dict[str, Any]]) -> list[float | None]:
+    """Greedy chains' acceptance at depth 1, 2, ... pooled over generations (records with
+    accept_histogram and n_empty_drafts): among the steps that drafted and accepted at least
+    k - 1 tokens, the share that accepted at least k (pyspec.results.depth_counts)."""
+    from pyspec.results import depth_counts
+
+    depth = max((len(g["accept_histogram"]) for g in generations), default=1) - 1
+    pooled = [sum(c) for c in zip(*(depth_counts(g["accept_histogram"], g.get("n_empty_drafts", 0), depth)
+                                     for g in generations))]
+    return [pooled[k] / pooled[k - 1] if pooled[k - 1] else None for k in range(1, len(pooled))]
 
 
 def heldout_acceptance(prompts: dict[str, list[list[Any]]], first: int | None = None) -> dict[str, dict[str, Any]]:
@@ -432,8 +431,8 @@ def windowed_acceptance(records: list[dict[str, Any]], window: int) -> list[floa
 
 def stream_windows(records: list[dict[str, Any]], window: int) -> list[dict[str, Any]]:
     """The stream cut into consecutive windows of `window` requests (the last one may be
-    shorter): pooled acceptance, tokens per target call, mean decode tokens/s, and the drafter
-    version that served the window's last request."""
+    shorter): pooled acceptance (overall and by depth), tokens per target call, mean decode
+    tokens/s, and the drafter version that served the window's last request."""
     out = []
     for start in range(0, len(records), window):
         rs = records[start:start + window]
@@ -443,6 +442,7 @@ def stream_windows(records: list[dict[str, Any]], window: int) -> list[dict[str,
                     "acceptance": sum(r["n_accepted"] for r in rs) / drafted if drafted else None,
                     "tokens_per_target_call": sum(r["n_generated"] for r in rs) / calls if calls else None,
                     "tokens_per_second": sum(r["tokens_per_second"] for r in rs) / len(rs),
+                    "acceptance_by_depth": acceptance_by_depth(rs) if "accept_histogram" in rs[0] else None,
                     "draft_version": rs[-1]["draft_version"]})
     return out
 

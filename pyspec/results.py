@@ -8,6 +8,16 @@ from typing import Any
 import numpy as np
 
 
+def depth_counts(accept_histogram: list[int], n_empty_drafts: int, depth: int) -> list[int]:
+    """Of a generation's steps, those that drafted and accepted at least k draft tokens, for k =
+    0..depth (k = 0: every step that drafted; GenerationStats.accept_histogram counts the steps
+    that drafted nothing among those that accepted 0). Pooled over generations, counts[k] /
+    counts[k - 1] is a greedy chain's acceptance at depth k."""
+    h = list(accept_histogram) + [0] * max(0, depth + 1 - len(accept_histogram))
+    h[0] -= n_empty_drafts
+    return [sum(h[k:]) for k in range(depth + 1)]
+
+
 @dataclass(frozen=True)
 class GenerationStats:
     """Statistics of one generation. Names are stable: scripts may rely on them."""

@@ -393,6 +393,7 @@ def test_stream_experiment_fine_tunes_the_head(tiny_target: str, native: dict[st
         windows = report["summary"][mode]["windows"]
         assert [(w["first"], w["last"]) for w in windows] == [(0, 2), (3, 5)]
         assert all(w["tokens_per_target_call"] >= 1.0 for w in windows)
+        assert all(0.0 <= w["acceptance_by_depth"][0] <= 1.0 for w in windows)
     held = report["summary"]["heldout"]["summary"]["all"]
     assert held["n_prompts"] == 2
     for mode in ("static", "online"):
@@ -409,9 +410,13 @@ def test_acceptance_by_depth_of_pooled_chains() -> None:
     """Depth k: among the steps that accepted at least k - 1 tokens, the share that accepted k."""
     from test_online_stream_log import load_script
 
-    depth = load_script().acceptance_by_depth([[2, 1, 1], [0, 1, 0, 0]])  # steps that accepted 0, 1, 2, (3)
-    assert depth == [3 / 5, 1 / 3, 0.0]
-    assert load_script().acceptance_by_depth([[4]]) == []
+    script = load_script()
+    runs = [{"accept_histogram": [2, 1, 1], "n_empty_drafts": 0},  # steps that accepted 0, 1, 2, (3)
+            {"accept_histogram": [0, 1, 0, 0], "n_empty_drafts": 0}]
+    assert script.acceptance_by_depth(runs) == [3 / 5, 1 / 3, 0.0]
+    runs[0]["n_empty_drafts"] = 1  # a step that drafted nothing is no rejection at depth 1
+    assert script.acceptance_by_depth(runs) == [3 / 4, 1 / 3, 0.0]
+    assert script.acceptance_by_depth([{"accept_histogram": [4], "n_empty_drafts": 4}]) == []
 
 
 @pytest.mark.parametrize("beams,length", [(1, 5), (4, 5)])
