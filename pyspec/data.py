@@ -386,8 +386,21 @@ def load_prompt_slices(specs: Sequence[str]) -> list[Prompt]:
     prompts: list[Prompt] = []
     for spec in specs:
         suite, start, stop = parse_suite_slice(spec)
-        prompts.extend(load_suite(suite, stop)[start:stop])
+        prompts.extend(slice_of(spec, load_suite(suite, stop), start, stop))
     return prompts
+
+
+def slice_of(spec: str, loaded: Sequence[Prompt], start: int, stop: int | None) -> list[Prompt]:
+    """loaded[start:stop] (loaded: the suite's first prompts, up to stop), refused when the slice
+    starts past the suite's end; a slice that runs past it is cut there, with a warning."""
+    chosen = list(loaded[start:stop])
+    if not chosen:
+        raise ValueError(f"prompt slice {spec!r} selects no prompt: the suite has {len(loaded)} prompts "
+                         f"(numbered from 0)")
+    if stop is not None and len(chosen) < stop - start:
+        log.warning("prompt slice %r: the suite ends at %d, so it selects %d prompts, not %d", spec,
+                    len(loaded), len(chosen), stop - start)
+    return chosen
 
 
 def load_suite_file(name: str, path: str | Path, n: int | None = None) -> list[Prompt]:

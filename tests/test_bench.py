@@ -171,6 +171,29 @@ def test_suite_slices(monkeypatch: pytest.MonkeyPatch) -> None:
         suite_prompts("humaneval[5:2]", 1)
 
 
+def test_a_slice_past_the_suite_end_is_refused_and_one_running_past_it_is_cut(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """MT-Bench has 80 prompts: mtbench[81:101] is an error naming the suite's size, not an empty
+    run; mtbench[75:85] runs the five there are and says so."""
+    import pyspec.data
+    from pyspec.data import load_prompt_slices
+
+    def fake_load_suite(name: str, n: int | None = None, **_: object) -> list[str]:
+        return [f"{name} {i}" for i in range(min(80, n if n is not None else 80))]
+
+    monkeypatch.setattr(pyspec.data, "load_suite", fake_load_suite)
+    refused = r"'mtbench\[81:101\]' selects no prompt: the suite has 80"
+    with pytest.raises(ValueError, match=refused):
+        suite_prompts("mtbench[81:101]")
+    with pytest.raises(ValueError, match=refused):
+        load_prompt_slices(["mtbench[81:101]"])
+    with caplog.at_level("WARNING", logger="pyspec.data"):
+        assert load_prompt_slices(["mtbench[75:85]"]) == [f"mtbench {i}" for i in range(75, 80)]
+        assert suite_prompts("mtbench[78:90]")[1] == ["mtbench 78", "mtbench 79"]
+    assert "the suite ends at 80, so it selects 5 prompts, not 10" in caplog.text
+    assert "selects 2 prompts, not 12" in caplog.text
+
+
 def test_cli_bench(tiny_target: str, tiny_drafts: dict[str, str], tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     p = pyspec_cli("bench", "--target", tiny_target, "--draft", tiny_drafts["identical"], "--prompt", PROMPTS[0],

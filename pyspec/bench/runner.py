@@ -154,13 +154,13 @@ def suite_prompts(spec: str, n: int | None = None) -> tuple[str, list["Prompt"]]
     """The suite's label and prompts for `spec`: SUITE (its first n prompts) or SUITE[A:B] (the
     first n of prompts A..B-1, e.g. prompts a draft head was not trained on). n None: all of a
     closed slice SUITE[A:B], else DEFAULT_N_PROMPTS."""
-    from ..data import load_suite, parse_suite_slice
+    from ..data import load_suite, parse_suite_slice, slice_of
 
     name, start, stop = parse_suite_slice(spec)
     if n is None:
         n = stop - start if stop is not None else DEFAULT_N_PROMPTS
     stop = start + n if stop is None else min(stop, start + n)
-    return (spec.strip() if "[" in spec else name), load_suite(name, stop)[start:]
+    return (spec.strip() if "[" in spec else name), slice_of(spec, load_suite(name, stop), start, stop)
 
 
 def _as_messages(prompt: BenchPrompt) -> tuple[str, list[dict]]:
