@@ -219,7 +219,7 @@ def ensure(engine: "Engine", draft: str | None, *, force: bool = False, repeats:
 
 FLASH_ATTN_ENV = "PYSPEC_FLASH_ATTN"
 FLASH_ATTN_MODES = ("auto", "on", "off")
-FLASH_ATTN_FORMAT = 1
+FLASH_ATTN_FORMAT = 2  # 2: decided at flash_attn_at_depth (1: at half the window)
 # Flash attention is kept only where it makes a one-token decode at least this much cheaper:
 # off is the setting the engine's numerics are characterised with (docs/numerics.md).
 FLASH_ATTN_MARGIN = 0.02
@@ -250,13 +250,25 @@ def flash_attn_depths(n_ctx: int) -> tuple[int, int]:
 
 
 FLASH_ATTN_BATCH = 8  # the verification the decision times beside a one-token decode
+# The context depth the choice is made for: a prompt of a few hundred tokens and its answer (the
+# chat and code suites' requests run at 100-450 tokens), or half the window where that is less.
+# A window of 4,096 says how deep a request may go, not how deep most go: chosen for half of it,
+# SmolLM2-135M runs without flash attention although its one-token decodes and short
+# verifications are 4-8% cheaper with it (docs/cost-curves.md, "Flash attention, decided by
+# measurement").
+FLASH_ATTN_REQUEST_DEPTH = 512
+
+
+def flash_attn_at_depth(n_ctx: int) -> int:
+    """The context depth the flash-attention choice is made for, within a window of n_ctx."""
+    return max(1, min(FLASH_ATTN_REQUEST_DEPTH, n_ctx // 2))
 
 
 @dataclass(frozen=True)
 class FlashAttnDecision:
     """Median ms of decodes at two depths with flash attention off and on, of one token (a plain
     step) and of FLASH_ATTN_BATCH tokens with a row each (a verification); the depth the choice is
-    made for (half the context window: a window filled evenly on average); and the choice. A
+    made for (`flash_attn_at_depth`: a typical request's); and the choice. A
     setting's cost there is a plain step plus a verification, each a straight line through its two
     timed depths."""
 
@@ -330,7 +342,7 @@ def measure_flash_attn(core: Any, n_ctx: int, *, n_decodes: int = 4, rounds: int
                        progress: bool | None = None) -> FlashAttnDecision:
     """Times the loaded target with flash attention off and on (`_core.Engine.time_flash_attention`,
     temporary contexts of their own) at the two depths of `flash_attn_depths(n_ctx)` and chooses
-    for half the window."""
+    for `flash_attn_at_depth(n_ctx)`."""
     depths = flash_attn_depths(n_ctx)
     log.info("deciding flash attention: decodes of 1 and %d tokens at %d and %d tokens of context, off and on",
              FLASH_ATTN_BATCH, *depths)
@@ -345,7 +357,7 @@ def measure_flash_attn(core: Any, n_ctx: int, *, n_decodes: int = 4, rounds: int
         bar.close()
     a, b = timed
     decision = FlashAttnDecision.choose(depths, (a[0], b[0]), (a[1], b[1]), (a[2], b[2]), (a[3], b[3]),
-                                        max(1, n_ctx // 2))
+                                        flash_attn_at_depth(n_ctx))
     log.info("flash attention %s: a one-token decode plus a %d-token one at %d tokens of context %.2f ms off, "
              "%.2f ms on", "on" if decision.on else "off", FLASH_ATTN_BATCH, decision.at_depth, decision.cost_off,
              decision.cost_on)
