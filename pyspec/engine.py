@@ -165,7 +165,8 @@ class Engine:
     once per model file, context window, threads, offload and build (cached beside the cost
     curves; the first engine pays ~1 s for the tiny test models, ~50 s for the 1.5B target on 2
     cores), extends each as a straight line to a typical request's 512 tokens of context (half the
-    window if smaller), and turns it on where that is at least 2% cheaper there (docs/cost-curves.md, "Flash attention, decided by measurement").
+    window if smaller), and turns it on where that is at least 2% cheaper there
+    (docs/cost-curves.md, "Flash attention, decided by measurement").
     `flash_attn` says what is in use, `flash_attn_decision` what was measured. Its calibration is
     kept apart.
     rpc: llama.cpp rpc-servers ("host:port", a list or one comma-separated string) that hold the
