@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from pyspec.online.config import TRAIN_BLOCKS_HELP, DistillConfig  # no torch: plain settings
+from pyspec.results import depth_counts
 
 MODES = ("static", "online", "routed")
 
@@ -395,8 +396,6 @@ def acceptance_by_depth(generations: list[dict[str, Any]]) -> list[float | None]
     """Greedy chains' acceptance at depth 1, 2, ... pooled over generations (records with
     accept_histogram and n_empty_drafts): among the steps that drafted and accepted at least
     k - 1 tokens, the share that accepted at least k (pyspec.results.depth_counts)."""
-    from pyspec.results import depth_counts
-
     depth = max((len(g["accept_histogram"]) for g in generations), default=1) - 1
     pooled = [sum(c) for c in zip(*(depth_counts(g["accept_histogram"], g.get("n_empty_drafts", 0), depth)
                                      for g in generations))]

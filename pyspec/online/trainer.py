@@ -123,7 +123,7 @@ def sample_loss(student: Student, sample: TraceSample, config: DistillConfig) ->
     `step_logits(sample)` (a draft head training several draft steps) gives a list of
     (logits [n, n_vocab], index [n] of the sample rows whose target distributions they learn);
     the loss is summed over all of them."""
-    steps = None if isinstance(student, DraftModel) else getattr(student, "step_logits", None)
+    steps = getattr(student, "step_logits", None)
     parts = steps(sample) if callable(steps) else [(student_row_logits(student, sample), None)]
     total = None
     for logits, at in parts:
