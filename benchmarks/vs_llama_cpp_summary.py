@@ -18,6 +18,8 @@ records, so reports written before a figure existed get it too.
     python benchmarks/vs_llama_cpp_summary.py --pool run1_part1.json run1_part2.json run2.json
     # the floor a bench with one run per prompt would have at these runs' spread
     python benchmarks/vs_llama_cpp_summary.py --noise-floor --runs 1 --pool run1_part1.json run1_part2.json run2.json
+    # each ratio with its 95% bootstrap interval (prompts and their runs resampled)
+    python benchmarks/vs_llama_cpp_summary.py --interval --pool run1.json run2.json
 
 The best mode of each prompt is the fastest of several noisy runs; where every mode decodes at
 about plain speed (chat, GSM8K) that maximum sits above any one mode's typical run. The suite's
@@ -41,7 +43,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from pyspec.bench import median_run
-from pyspec.bench.report import runs_from_report, versus_best_llama_cpp, versus_best_suite_llama_cpp
+from pyspec.bench.report import ratio_interval, runs_from_report, versus_best_llama_cpp, versus_best_suite_llama_cpp
 from pyspec.data import parse_suite_slice
 
 
@@ -160,8 +162,9 @@ def pooled(reports: list[dict], common: bool = False) -> dict:
     return out
 
 
-def summary_row(report: dict, name: str, method: str = "auto") -> str:
-    """The report's row, `method` (a pyspec label of the report) in auto's place."""
+def summary_row(report: dict, name: str, method: str = "auto", interval: bool = False) -> str:
+    """The report's row, `method` (a pyspec label of the report) in auto's place; with interval,
+    each ratio's 95% bootstrap interval in brackets after it (pyspec.bench.ratio_interval)."""
     runs = runs_from_report(report)
     modes = [m for m in report.get("llama_cpp_modes", []) if m in runs]
 
@@ -170,10 +173,19 @@ def summary_row(report: dict, name: str, method: str = "auto") -> str:
             return None
         return versus_best_llama_cpp(runs[label], runs, against)
 
+    def spread(label: str, against: list[str]) -> list[float] | None:
+        if not interval or label not in runs or not against:
+            return None
+        return ratio_interval(runs[label], [runs[a] for a in against])
+
     mode, vs_mode = versus_best_suite_llama_cpp(runs[method], runs, modes) if method in runs else (None, None)
-    cells = [ratio(method, modes), vs_mode, ratio("none", ["llama.cpp"] if "llama.cpp" in runs else []),
-             ratio(method, ["none"] if "none" in runs else [])]
-    text = ["-" if x is None else f"{x:.2f}x" for x in cells]
+    plain = ["llama.cpp"] if "llama.cpp" in runs else []
+    none = ["none"] if "none" in runs else []
+    cells = [ratio(method, modes), vs_mode, ratio("none", plain), ratio(method, none)]
+    intervals = [spread(method, modes), spread(method, [mode] if mode else []), spread("none", plain),
+                 spread(method, none)]
+    text = ["-" if x is None else f"{x:.2f}x" + (f" [{iv[0]:.2f}-{iv[1]:.2f}]" if iv else "")
+            for x, iv in zip(cells, intervals)]
     return (f"| {name} | {report['suite']} | {report['n']} | {report.get('repeats', 1)} | {text[0]} | "
             f"{text[1]}{f' ({mode})' if mode else ''} | {text[2]} | {text[3]} |")
 
@@ -248,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pool", action="store_true",
                         help="the reports are runs of the same suite made apart (whole, in parts, with --repeats): "
                              "one row, every run of a prompt pooled and the median one kept")
+    parser.add_argument("--interval", action="store_true",
+                        help="each ratio's 95%% bootstrap interval in brackets after it: the prompts resampled, and "
+                             "each prompt's runs where it ran more than once (with --pool: every pooled run)")
     parser.add_argument("--common-methods", action="store_true",
                         help="with --merge or --pool: the reports may differ in their methods; only those every "
                              "one ran are kept (the ones left out are printed)")
@@ -283,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{m} / the suite's best mode | none / llama.cpp plain | {m} / none |")
     print("|---|---|---|---|---|---|---|---|")
     for name, report in reports:
-        print(summary_row(report, name, m))
+        print(summary_row(report, name, m, args.interval))
     return 0
 
 

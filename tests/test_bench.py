@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -250,6 +251,42 @@ def test_plot_without_matplotlib_says_how_to_install(report: BenchReport, tmp_pa
         plot(report, tmp_path / "bench.png")
 
 
+def test_ratio_interval_is_the_spread_the_runs_leave() -> None:
+    """ratio_interval: runs that agree give the point itself; a steady 10% gap under small noise
+    gives an interval that excludes 1; the same gap under more noise a wider one; too few prompts
+    none; the same runs always the same interval (seeded)."""
+    import random
+
+    from pyspec.bench.report import PromptRun, ratio_interval
+
+    def runs(label: str, rates: list[list[float]]) -> list[PromptRun]:
+        return [PromptRun(f"s/{i}", label, 100, 50, 5.0, 10.0, "length", [],
+                          decode_tokens_per_second=sorted(r)[(len(r) - 1) // 2],
+                          repeat_decode_tokens_per_second=r if len(r) > 1 else None) for i, r in enumerate(rates)]
+
+    steady = ratio_interval(runs("none", [[90.0] * 3] * 20), [runs("llama.cpp", [[100.0] * 3] * 20)])
+    assert steady == pytest.approx([0.9, 0.9])
+    rng = random.Random(1)
+
+    def noisy(speed: float, spread: float) -> list[list[float]]:
+        return [[speed * rng.uniform(1 - spread, 1 + spread) for _ in range(3)] for _ in range(20)]
+
+    none_small, plain_small = runs("none", noisy(90, 0.03)), runs("llama.cpp", noisy(100, 0.03))
+    small = ratio_interval(none_small, [plain_small])
+    assert small is not None and small[0] <= small[1] < 1.0 and small[0] > 0.8
+    point = statistics.median(x.decode_tokens_per_second / y.decode_tokens_per_second
+                              for x, y in zip(none_small, plain_small))
+    assert small[0] <= point <= small[1]
+    large = ratio_interval(runs("none", noisy(90, 0.25)), [runs("llama.cpp", noisy(100, 0.25))])
+    assert large is not None and large[1] - large[0] > 2 * (small[1] - small[0])
+    assert ratio_interval(none_small, [plain_small]) == small
+    assert ratio_interval(none_small[:1], [plain_small[:1]]) is None
+    # the reference of a prompt is the fastest of several peers' runs
+    faster = runs("llama.cpp-ngram-mod", [[120.0] * 3] * 20)
+    assert ratio_interval(runs("none", [[90.0] * 3] * 20),
+                          [runs("llama.cpp", [[100.0] * 3] * 20), faster]) == pytest.approx([0.75, 0.75])
+
+
 def test_ratios_against_the_best_llama_cpp_mode_of_each_prompt() -> None:
     """Hand-made runs: decode tok/s per prompt, the best llama.cpp mode picked per prompt (plain
     included), medians of per-prompt ratios in the summaries, the report and the markdown."""
@@ -283,9 +320,16 @@ def test_ratios_against_the_best_llama_cpp_mode_of_each_prompt() -> None:
     assert auto is not None and auto.decode_tokens_per_second == 20.0
     assert auto.decode_speedup_vs_none == pytest.approx(2.0) and auto.decode_speedup_vs_llama_cpp == pytest.approx(2.0)
     table = format_markdown(report)
-    assert "auto / best llama.cpp mode 0.96x (0.96x with llama-speculative-simple's speed up to the token limit" in table
-    assert ("none / llama.cpp plain 0.91x; auto / the suite's best llama.cpp mode (llama.cpp-ngram-simple, "
-            "the highest median) 1.25x. Best mode per prompt:") in table
+    assert "(0.96x with llama-speculative-simple's speed up to the token limit" in table
+    # 95% bootstrap intervals: with three prompts of one run each, the lowest and the highest
+    # per-prompt ratio (the median of a resample is one of them in over a quarter of the draws)
+    assert report.none_vs_llama_cpp_interval == pytest.approx([0.8, 1.0])
+    assert report.auto_vs_best_llama_cpp_interval == pytest.approx([0.5, 1.25])
+    assert report.auto_vs_best_suite_llama_cpp_interval == pytest.approx([0.8, 1.5])
+    assert ("none / llama.cpp plain 0.91x [0.80-1.00]; auto / the suite's best llama.cpp mode "
+            "(llama.cpp-ngram-simple, the highest median) 1.25x [0.80-1.50]; in brackets after a ratio: its 95% "
+            "bootstrap interval") in table
+    assert "auto / best llama.cpp mode 0.96x [0.50-1.25] (0.96x with" in table
     assert "| s/0 | 100 | 10.0 | 30.0 | 11.0 | 20.0 | 24.0 | llama.cpp-ngram-simple | 1.25x |" in table
     assert "| decode tok/s | decode vs none | decode vs llama.cpp | decode vs best llama.cpp mode |" in table
     # the repacking settings of both sides are stated (on AMX CPUs they can differ, pyspec.bench.llamacpp)
@@ -682,6 +726,11 @@ def test_vs_llama_cpp_summary_pools_runs_made_apart() -> None:
     # auto / best mode of each prompt: 11/10, 19/24 -> median 0.946; the suite's best mode is
     # ngram-mod (median 16.5 against plain's 15): 11/9, 19/24 -> median 1.007
     assert module.summary_row(pool, "r").split(" | ")[1:6] == ["s", "2", "5", "0.95x", "1.01x (llama.cpp-ngram-mod)"]
+    # --interval: each ratio with its bootstrap interval over the prompts and their pooled runs
+    cells = module.summary_row(pool, "r", interval=True).split(" | ")
+    low, high = (float(v) for v in cells[4].split("[")[1].rstrip("]").split("-"))
+    assert cells[4].startswith("0.95x [") and low < 0.946 < high
+    assert cells[5].startswith("1.01x [") and cells[5].endswith("(llama.cpp-ngram-mod)")
     with pytest.raises(ValueError, match="unequal runs: 1 of auto on s/1, 2 elsewhere"):
         module.pooled([part1, part2, part1])
     with pytest.raises(ValueError, match="differ in threads"):

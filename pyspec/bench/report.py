@@ -4,6 +4,7 @@ own tools, and their renderings (markdown, JSON, PNG)."""
 from __future__ import annotations
 
 import json
+import random
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,6 +23,9 @@ SPEEDUP_NOTE = "speedups are medians of per-prompt ratios"
 IDENTITY_NOTE = ("identical to none: same token ids (pyspec methods, llama-cpp-python peers) or same "
                  "generated text (llama.cpp tools, which print text, not ids)")
 BEST_MODE_NOTE = "best llama.cpp mode: the llama.cpp peer with the highest decode tok/s on each prompt, plain included"
+INTERVAL_NOTE = ("in brackets after a ratio: its 95% bootstrap interval, the range the median of per-prompt ratios "
+                 "takes when the prompts are resampled, and each prompt's runs where it ran more than once "
+                 "(2,000 resamples, seeded): how far this machine's run-to-run noise leaves the figure uncertain")
 SUITE_MODE_NOTE = ("the suite's best llama.cpp mode: the one llama.cpp peer with the highest median decode tok/s over "
                    "the suite, the mode a user would configure for such work")
 
@@ -121,6 +125,11 @@ class BenchReport:
     # where the modes all run at about plain speed, the suite's best mode is not (None: older reports).
     best_suite_llama_cpp_mode: str | None = None
     auto_vs_best_suite_llama_cpp: float | None = None
+    # 95% bootstrap intervals of the three ratios above ([low, high]; ratio_interval; None where the
+    # ratio is, or the report is older than the field)
+    auto_vs_best_llama_cpp_interval: list[float] | None = None
+    none_vs_llama_cpp_interval: list[float] | None = None
+    auto_vs_best_suite_llama_cpp_interval: list[float] | None = None
     head: str | None = None  # the engine's draft head, when given
     llama_cpp_repack: bool | None = None  # whether llama.cpp's tools ran with weight repacking (None: no tools ran)
     huge_pages: bool | None = None  # Engine.huge_pages, which the tools' GLIBC_TUNABLES follow (None: older reports)
@@ -207,6 +216,48 @@ def versus_best_suite_llama_cpp(xs: list[PromptRun], runs: dict[str, list[Prompt
     return mode, _median_ratio(xs, [value(r) for r in runs[mode]], value)
 
 
+INTERVAL_LEVEL = 0.95
+INTERVAL_RESAMPLES = 2000
+
+
+def _run_figures(x: PromptRun | None) -> list[float]:
+    """A prompt's decode tok/s, one per run: every run's where the bench ran it more than once, the
+    one run's otherwise; [] without a decode figure."""
+    if x is None or x.decode_tokens_per_second is None:
+        return []
+    return list(x.repeat_decode_tokens_per_second or [x.decode_tokens_per_second])
+
+
+def ratio_interval(xs: list[PromptRun], refs: list[list[PromptRun]], *, seed: int = 0) -> list[float] | None:
+    """The 95% bootstrap interval [low, high] of the median over prompts of xs' decode tok/s / the
+    reference's, where a prompt's reference is the fastest of refs' runs lists on it (one list: that
+    peer; several: the best mode of each prompt). Each resample draws the prompts with replacement
+    and, for every method on a drawn prompt, its runs with replacement, keeping the lower middle run
+    as the bench does (runner.median_run). None with fewer than two prompts that every side timed."""
+    prompts = []
+    for i, x in enumerate(xs):
+        own = _run_figures(x)
+        others = [f for r in refs if (f := _run_figures(r[i]))]
+        if own and others:
+            prompts.append((own, others))
+    if len(prompts) < 2:
+        return None
+    rng = random.Random(seed)
+
+    def middle(runs: list[float]) -> float:
+        if len(runs) == 1:
+            return runs[0]
+        drawn = sorted(rng.choices(runs, k=len(runs)))
+        return drawn[(len(drawn) - 1) // 2]
+
+    medians = sorted(
+        statistics.median(middle(own) / max(middle(o) for o in others)
+                          for own, others in rng.choices(prompts, k=len(prompts)))
+        for _ in range(INTERVAL_RESAMPLES))
+    tail = (1.0 - INTERVAL_LEVEL) / 2.0
+    return [medians[int(tail * INTERVAL_RESAMPLES)], medians[int((1.0 - tail) * INTERVAL_RESAMPLES) - 1]]
+
+
 def summarize(label: str, n_draft: int | None, is_peer: bool, xs: list[PromptRun], runs: dict[str, list[PromptRun]],
               peers: list[str], llama_cpp_modes: list[str]) -> MethodSummary:
     """A method's summary; runs holds every method's runs (aligned by prompt), "none" among them."""
@@ -247,8 +298,10 @@ def _fmt(x: float | None, spec: str = ".2f") -> str:
     return "-" if x is None else format(x, spec)
 
 
-def _ratio(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2f}x"
+def _ratio(x: float | None, interval: list[float] | None = None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.2f}x" + (f" [{interval[0]:.2f}-{interval[1]:.2f}]" if interval else "")
 
 
 def _repack_text(repack: bool | str) -> str:
@@ -329,11 +382,15 @@ def _llama_cpp_section(report: BenchReport) -> list[str]:
         counts[mode] = counts.get(mode, 0) + 1
     lines = [
         f"Against llama.cpp's own tools (decode tok/s, medians of per-prompt ratios): auto / best llama.cpp mode "
-        f"{_ratio(report.auto_vs_best_llama_cpp)} ({_ratio(report.auto_vs_best_llama_cpp_within_limit)} with "
+        f"{_ratio(report.auto_vs_best_llama_cpp, report.auto_vs_best_llama_cpp_interval)} "
+        f"({_ratio(report.auto_vs_best_llama_cpp_within_limit)} with "
         "llama-speculative-simple's speed up to the token limit, before its last step's unbounded draft); "
-        f"none / llama.cpp plain {_ratio(report.none_vs_llama_cpp)}"
+        f"none / llama.cpp plain {_ratio(report.none_vs_llama_cpp, report.none_vs_llama_cpp_interval)}"
         + (f"; auto / the suite's best llama.cpp mode ({report.best_suite_llama_cpp_mode}, the highest median) "
-           f"{_ratio(report.auto_vs_best_suite_llama_cpp)}" if report.best_suite_llama_cpp_mode else "")
+           f"{_ratio(report.auto_vs_best_suite_llama_cpp, report.auto_vs_best_suite_llama_cpp_interval)}"
+           if report.best_suite_llama_cpp_mode else "")
+        + (f"; {INTERVAL_NOTE}" if report.none_vs_llama_cpp_interval or report.auto_vs_best_llama_cpp_interval
+           else "")
         + ". "
         "Best mode per prompt: " + ", ".join(f"{m} {n}" for m, n in sorted(counts.items(), key=lambda kv: -kv[1]))
         + ".",

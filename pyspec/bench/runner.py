@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Sequence, Union
 
 from .peers import (LLAMA_CPP_DEFAULT_N_DRAFT, LLAMA_CPP_DRAFT, LLAMA_CPP_PEERS, PEER_PLD_N_DRAFT, PYTHON_PEERS,
                           LlamaCppPeer, PythonPeer)
-from .report import (BenchReport, PromptRun, best_llama_cpp_runs, decode_within_limit,
+from .report import (BenchReport, PromptRun, best_llama_cpp_runs, decode_within_limit, ratio_interval,
                            summarize, versus_best_llama_cpp,
                            versus_best_suite_llama_cpp)
 from ..config import DEFAULT_DRAFT, DEFAULT_TARGET, METHODS_NEEDING_DRAFT, METHODS_NEEDING_HEAD
@@ -514,6 +514,11 @@ def _report(specs: list[MethodSpec], runs: dict[str, list[PromptRun]], skipped: 
         none_vs_llama_cpp=by_label["none"].decode_speedup_vs_llama_cpp,
         best_suite_llama_cpp_mode=suite_mode,
         auto_vs_best_suite_llama_cpp=auto_vs_suite_mode,
+        auto_vs_best_llama_cpp_interval=(ratio_interval(runs["auto"], [runs[m] for m in modes])
+                                         if "auto" in runs and modes else None),
+        none_vs_llama_cpp_interval=ratio_interval(runs["none"], [runs["llama.cpp"]]) if "llama.cpp" in runs else None,
+        auto_vs_best_suite_llama_cpp_interval=(ratio_interval(runs["auto"], [runs[suite_mode]])
+                                               if "auto" in runs and suite_mode else None),
         head=head, ngram=ngram, settle_s=settle_s,
         repeats=repeats, temperature=temperature, seed=seed,
     )  # fmt: skip
