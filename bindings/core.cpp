@@ -726,11 +726,12 @@ NB_MODULE(_core, m) {
             nb::gil_scoped_release release;
             const spec::FlashAttentionTiming t =
                 spec::time_flash_attention(e.target(), depth, n_decodes, rounds, batch, callback);
-            return std::make_tuple(t.ms_off, t.ms_on, t.batch_ms_off, t.batch_ms_on);
+            return std::make_tuple(t.ms_off, t.ms_on, t.batch_ms_off, t.batch_ms_on, t.window);
         }, "depth"_a, "n_decodes"_a = 4, "rounds"_a = 4, "batch"_a = 8, "progress"_a = nb::none(),
            "Median ms of the target's decodes of one token and of `batch` tokens (a row each) on top of "
-           "`depth` cached tokens with flash attention: (one off, one on, batch off, batch on), each "
-           "setting in a temporary context of its own (the engine's cache is left alone).")
+           "`depth` cached tokens with flash attention: (one off, one on, batch off, batch on, window), each "
+           "setting in a temporary context of its own (the engine's cache is left alone) as wide as the engine's "
+           "window up to 4,096 cells (`window`).")
         .def("time_decodes", [](spec::Engine& e, const std::vector<int32_t>& sizes, int32_t repeats, bool all_rows,
                                 int32_t context, bool non_decreasing, nb::object progress) {
             const spec::CalibrationProgress callback = progress_callback(progress);

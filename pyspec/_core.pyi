@@ -1005,9 +1005,9 @@ class Engine:
         Times decodes of k tokens on top of `context` cached tokens and installs the cost curve (method 'auto').
         """
 
-    def time_flash_attention(self, depth: int, n_decodes: int = 4, rounds: int = 4, batch: int = 8, progress: object | None = None) -> tuple[float, float, float, float]:
+    def time_flash_attention(self, depth: int, n_decodes: int = 4, rounds: int = 4, batch: int = 8, progress: object | None = None) -> tuple[float, float, float, float, int]:
         """
-        Median ms of the target's decodes of one token and of `batch` tokens (a row each) on top of `depth` cached tokens with flash attention: (one off, one on, batch off, batch on), each setting in a temporary context of its own (the engine's cache is left alone).
+        Median ms of the target's decodes of one token and of `batch` tokens (a row each) on top of `depth` cached tokens with flash attention: (one off, one on, batch off, batch on, window), each setting in a temporary context of its own (the engine's cache is left alone) as wide as the engine's window up to 4,096 cells (`window`).
         """
 
     def time_decodes(self, sizes: Sequence[int], repeats: int = 3, all_rows: bool = True, context: int = 128, non_decreasing: bool = True, progress: object | None = None) -> CostCurve:

@@ -219,7 +219,7 @@ def ensure(engine: "Engine", draft: str | None, *, force: bool = False, repeats:
 
 FLASH_ATTN_ENV = "PYSPEC_FLASH_ATTN"
 FLASH_ATTN_MODES = ("auto", "on", "off")
-FLASH_ATTN_FORMAT = 2  # 2: decided at flash_attn_at_depth (1: at half the window)
+FLASH_ATTN_FORMAT = 3  # 3: decided at flash_attn_at_depth, 320 tokens (2: at 512; 1: at half the window)
 # Flash attention is kept only where it makes a one-token decode at least this much cheaper:
 # off is the setting the engine's numerics are characterised with (docs/numerics.md).
 FLASH_ATTN_MARGIN = 0.02
@@ -250,13 +250,15 @@ def flash_attn_depths(n_ctx: int) -> tuple[int, int]:
 
 
 FLASH_ATTN_BATCH = 8  # the verification the decision times beside a one-token decode
-# The context depth the choice is made for: a prompt of a few hundred tokens and its answer (the
-# chat and code suites' requests run at 100-450 tokens), or half the window where that is less.
-# A window of 4,096 says how deep a request may go, not how deep most go: chosen for half of it,
-# SmolLM2-135M runs without flash attention although its one-token decodes and short
-# verifications are 4-8% cheaper with it (docs/cost-curves.md, "Flash attention, decided by
-# measurement").
-FLASH_ATTN_REQUEST_DEPTH = 512
+# The context depth the choice is made for: where a typical request's steps run. The bundled
+# suites' median prompts are 47 (chat), 67 (math), 156 (code) and 240 (edit) tokens long (p90 100-400;
+# SmolLM2's and Qwen2.5's chat templates), their answers 128-512, so a median step runs at ~170-300
+# tokens of context; 320 leans toward the longer requests, which take more steps. A window of
+# 4,096 says how deep a request may go, not how deep most go. SmolLM2-135M is the model this
+# decides: its one-token decodes and short verifications are 4-8% cheaper with flash attention
+# up to ~300 tokens and dearer past ~600, so at 512 tokens its choice fell 1.5-2.3% either side of
+# the margin (docs/cost-curves.md, "Flash attention, decided by measurement").
+FLASH_ATTN_REQUEST_DEPTH = 320
 
 
 def flash_attn_at_depth(n_ctx: int) -> int:
@@ -341,7 +343,7 @@ def forget_flash_attn(key: dict[str, Any], cache: Cache | None = None) -> None:
 def measure_flash_attn(core: Any, n_ctx: int, *, n_decodes: int = 4, rounds: int = 4,
                        progress: bool | None = None) -> FlashAttnDecision:
     """Times the loaded target with flash attention off and on (`_core.Engine.time_flash_attention`,
-    temporary contexts of their own) at the two depths of `flash_attn_depths(n_ctx)` and chooses
+    temporary contexts of their own, as wide as the engine's window up to 4,096 cells) at the two depths of `flash_attn_depths(n_ctx)` and chooses
     for `flash_attn_at_depth(n_ctx)`."""
     depths = flash_attn_depths(n_ctx)
     log.info("deciding flash attention: decodes of 1 and %d tokens at %d and %d tokens of context, off and on",

@@ -87,7 +87,13 @@ FlashAttentionTiming time_flash_attention(Model& model, int32_t depth, int32_t n
     const int32_t n_threads = params.n_threads > 0 ? params.n_threads
                                                    : std::max(1, int32_t(std::thread::hardware_concurrency()));
     const int32_t n_batch = std::max(batch, std::min(params.n_batch, depth));
-    const int32_t n_ctx = depth + std::max(n_decodes, batch) + 1;
+    // The window the engine decodes in, up to kFlashAttnTimingWindow cells: without flash
+    // attention a decode costs more in a wide window than in one just deep enough for the timing
+    // (SmolLM2-135M's plain steps 8% at 4,096 cells against 384; llama.cpp keeps V transposed
+    // there, one row per channel as long as the window), with it the window made no difference
+    // (docs/cost-curves.md, "Flash attention, decided by measurement").
+    const int32_t n_ctx = std::max(depth + std::max(n_decodes, batch) + 1,
+                                   std::min(model.n_ctx(), kFlashAttnTimingWindow));
     std::unique_ptr<llama_context, ContextFree> ctx[2];
     for (int on = 0; on < 2; ++on) {
         llama_context_params cparams = llama_context_default_params();
@@ -152,7 +158,7 @@ FlashAttentionTiming time_flash_attention(Model& model, int32_t depth, int32_t n
             if (progress) progress(++done, total);
         }
     }
-    return FlashAttentionTiming{depth, median(one[0]), median(one[1]), median(many[0]), median(many[1])};
+    return FlashAttentionTiming{depth, n_ctx, median(one[0]), median(one[1]), median(many[0]), median(many[1])};
 }
 
 }  // namespace spec

@@ -30,17 +30,24 @@ CostCurve measure_cost_curve(Model& model, const std::vector<int32_t>& sizes, in
                              const CalibrationProgress& progress = nullptr, int32_t context = kCalibrationContext,
                              bool non_decreasing = true);
 
+// The largest window the timing contexts take (cells): V's transposed rows are 8 KiB apart there
+// in F16, each on pages of its own as in any wider window, and two such contexts stay small
+// beside the engine's own.
+constexpr int32_t kFlashAttnTimingWindow = 4096;
+
 // Decodes on top of `depth` cached tokens with llama.cpp's flash attention off and on, one token
 // (a plain step) and `batch` tokens with a logits row each (a verification), for deciding which
 // setting a model runs with on this machine (FlashAttentionTiming: the median of each). Each
 // setting gets a context of its own on the model's weights (the model's own context and cache are
-// left alone), filled with `depth` ordinary tokens; then `rounds` rounds of `n_decodes` decodes of
-// each size, the two settings alternating and swapping which goes first every round, so that a
-// slow spell of a shared machine hits both alike. Throws InvalidArgumentError for depth,
-// n_decodes, rounds or batch < 1, ModelLoadError when llama.cpp cannot create either context,
-// DecodeError when a decode fails.
+// left alone), as wide as the model's context up to kFlashAttnTimingWindow cells (the window
+// changes what a decode without flash attention costs), filled with `depth` ordinary tokens;
+// then `rounds` rounds of `n_decodes` decodes of each size, the two settings alternating and
+// swapping which goes first every round, so that a slow spell of a shared machine hits both
+// alike. Throws InvalidArgumentError for depth, n_decodes, rounds or batch < 1, ModelLoadError
+// when llama.cpp cannot create either context, DecodeError when a decode fails.
 struct FlashAttentionTiming {
     int32_t depth = 0;
+    int32_t window = 0;         // cells of the timing contexts
     double ms_off = 0.0;        // median one-token decode, flash attention off
     double ms_on = 0.0;         // the same, on
     double batch_ms_off = 0.0;  // median decode of `batch` tokens, off
