@@ -251,9 +251,9 @@ def flash_attn_depths(n_ctx: int) -> tuple[int, int]:
 
 FLASH_ATTN_BATCH = 8  # the verification the decision times beside a one-token decode
 # The context depth the choice is made for: where a typical request's steps run. The bundled
-# suites' median prompts are 47 (chat), 67 (math), 156 (code) and 240 (edit) tokens long (p90 100-400;
-# SmolLM2's and Qwen2.5's chat templates), their answers 128-512, so a median step runs at ~170-300
-# tokens of context; 320 leans toward the longer requests, which take more steps. A window of
+# suites' median prompts are 47 (chat), 67 (math), 156 (code) and 240 (edit) tokens long (p90
+# 100-400; SmolLM2's and Qwen2.5's chat templates), their answers 128-512, so a median step runs
+# at ~170-300 tokens of context; 320 leans toward the longer requests, which take more steps. A window of
 # 4,096 says how deep a request may go, not how deep most go. SmolLM2-135M is the model this
 # decides: its one-token decodes and short verifications are 4-8% cheaper with flash attention
 # up to ~300 tokens and dearer past ~600, so at 512 tokens its choice fell 1.5-2.3% either side of
@@ -343,8 +343,8 @@ def forget_flash_attn(key: dict[str, Any], cache: Cache | None = None) -> None:
 def measure_flash_attn(core: Any, n_ctx: int, *, n_decodes: int = 4, rounds: int = 4,
                        progress: bool | None = None) -> FlashAttnDecision:
     """Times the loaded target with flash attention off and on (`_core.Engine.time_flash_attention`,
-    temporary contexts of their own, as wide as the engine's window up to 4,096 cells) at the two depths of `flash_attn_depths(n_ctx)` and chooses
-    for `flash_attn_at_depth(n_ctx)`."""
+    temporary contexts of their own, as wide as the engine's window up to 4,096 cells) at the two
+    depths of `flash_attn_depths(n_ctx)` and chooses for `flash_attn_at_depth(n_ctx)`."""
     depths = flash_attn_depths(n_ctx)
     log.info("deciding flash attention: decodes of 1 and %d tokens at %d and %d tokens of context, off and on",
              FLASH_ATTN_BATCH, *depths)
@@ -361,6 +361,6 @@ def measure_flash_attn(core: Any, n_ctx: int, *, n_decodes: int = 4, rounds: int
     decision = FlashAttnDecision.choose(depths, (a[0], b[0]), (a[1], b[1]), (a[2], b[2]), (a[3], b[3]),
                                         flash_attn_at_depth(n_ctx))
     log.info("flash attention %s: a one-token decode plus a %d-token one at %d tokens of context %.2f ms off, "
-             "%.2f ms on", "on" if decision.on else "off", FLASH_ATTN_BATCH, decision.at_depth, decision.cost_off,
-             decision.cost_on)
+             "%.2f ms on (timed in a %d-cell window)", "on" if decision.on else "off", FLASH_ATTN_BATCH,
+             decision.at_depth, decision.cost_off, decision.cost_on, b[4])
     return decision
