@@ -244,6 +244,43 @@ NB_MODULE(_core, m) {
         .def_rw("corpus_min_total", &spec::AutoParams::corpus_min_total)
         .def_rw("check_history", &spec::AutoParams::check_history);
 
+    nb::class_<spec::FlashAttentionTiming>(m, "FlashAttentionTiming",
+                                           "Decodes timed with flash attention off and on at one depth "
+                                           "(Engine.time_flash_attention): medians in ms, paired ratios on / off.")
+        .def("__init__", [](spec::FlashAttentionTiming* self, int32_t depth, double ratio, double batch_ratio,
+                            double ms_off, double ms_on, double batch_ms_off, double batch_ms_on, int32_t window,
+                            int32_t rounds) {
+            new (self) spec::FlashAttentionTiming{depth, window, ms_off, ms_on, batch_ms_off, batch_ms_on, ratio,
+                                                  batch_ratio, rounds};
+        }, "depth"_a, "ratio"_a, "batch_ratio"_a, "ms_off"_a = 0.0, "ms_on"_a = 0.0, "batch_ms_off"_a = 0.0,
+           "batch_ms_on"_a = 0.0, "window"_a = 0, "rounds"_a = 0)
+        .def_ro("depth", &spec::FlashAttentionTiming::depth)
+        .def_ro("window", &spec::FlashAttentionTiming::window)
+        .def_ro("ms_off", &spec::FlashAttentionTiming::ms_off)
+        .def_ro("ms_on", &spec::FlashAttentionTiming::ms_on)
+        .def_ro("batch_ms_off", &spec::FlashAttentionTiming::batch_ms_off)
+        .def_ro("batch_ms_on", &spec::FlashAttentionTiming::batch_ms_on)
+        .def_ro("ratio", &spec::FlashAttentionTiming::ratio)
+        .def_ro("batch_ratio", &spec::FlashAttentionTiming::batch_ratio)
+        .def_ro("rounds", &spec::FlashAttentionTiming::rounds);
+    nb::class_<spec::FlashAttentionDecision>(m, "FlashAttentionDecision",
+                                             "The flash-attention choice from timings at two depths (spec/calibrate.h).")
+        .def_ro("near", &spec::FlashAttentionDecision::near)
+        .def_ro("far", &spec::FlashAttentionDecision::far)
+        .def_ro("at_depth", &spec::FlashAttentionDecision::at_depth)
+        .def_ro("plain_ratio", &spec::FlashAttentionDecision::plain_ratio)
+        .def_ro("verify_ratio", &spec::FlashAttentionDecision::verify_ratio)
+        .def_ro("ratio", &spec::FlashAttentionDecision::ratio)
+        .def_ro("on", &spec::FlashAttentionDecision::on);
+    m.attr("FLASH_ATTN_BATCH") = spec::kFlashAttnBatch;
+    m.attr("FLASH_ATTN_REQUEST_DEPTH") = spec::kFlashAttnRequestDepth;
+    m.attr("FLASH_ATTN_MARGIN") = spec::kFlashAttnMargin;
+    m.def("flash_attention_depths", &spec::flash_attention_depths, "n_ctx"_a,
+          "The two context depths the flash-attention timing runs at, within a window of n_ctx.");
+    m.def("flash_attention_at_depth", &spec::flash_attention_at_depth, "n_ctx"_a,
+          "The context depth the flash-attention choice is made for, within a window of n_ctx.");
+    m.def("choose_flash_attention", &spec::choose_flash_attention, "near"_a, "far"_a, "at_depth"_a,
+          "The flash-attention choice from timings at two depths, shallow first.");
     nb::class_<spec::CostCurve>(m, "CostCurve")
         .def(nb::init<>())
         .def("__init__", [](spec::CostCurve* self, std::vector<int32_t> n_tokens, std::vector<double> ms) {
@@ -720,18 +757,23 @@ NB_MODULE(_core, m) {
            "progress"_a = nb::none(), "context"_a = spec::kCalibrationContext,
            "Times decodes of k tokens on top of `context` cached tokens and installs the cost curve "
            "(method 'auto').")
-        .def("time_flash_attention", [](spec::Engine& e, int32_t depth, int32_t n_decodes, int32_t rounds,
-                                        int32_t batch, nb::object progress) {
+        .def("time_flash_attention", [](spec::Engine& e, const std::vector<int32_t>& depths, int32_t n_decodes,
+                                        int32_t rounds, int32_t batch, nb::object progress) {
             const spec::CalibrationProgress callback = progress_callback(progress);
             nb::gil_scoped_release release;
-            const spec::FlashAttentionTiming t =
-                spec::time_flash_attention(e.target(), depth, n_decodes, rounds, batch, callback);
-            return std::make_tuple(t.ms_off, t.ms_on, t.batch_ms_off, t.batch_ms_on, t.window);
-        }, "depth"_a, "n_decodes"_a = 4, "rounds"_a = 4, "batch"_a = 8, "progress"_a = nb::none(),
-           "Median ms of the target's decodes of one token and of `batch` tokens (a row each) on top of "
-           "`depth` cached tokens with flash attention: (one off, one on, batch off, batch on, window), each "
-           "setting in a temporary context of its own (the engine's cache is left alone) as wide as the engine's "
-           "window up to 4,096 cells (`window`).")
+            return spec::time_flash_attention(e.target(), depths, n_decodes, rounds, batch, callback);
+        }, "depths"_a, "n_decodes"_a = 2, "rounds"_a = 12, "batch"_a = 8, "progress"_a = nb::none(),
+           "Times the target's decodes of one token and of `batch` tokens (a row each) on top of each of `depths` "
+           "cached tokens with flash attention off and on, each setting in a temporary context of its own (the "
+           "engine's cache is left alone) as wide as the engine's window up to 4,096 cells: a "
+           "FlashAttentionTiming per depth (medians in ms, and the medians of the per-round paired ratios on / off).")
+        .def("decide_flash_attention", [](spec::Engine& e, int32_t n_decodes, int32_t rounds, nb::object progress) {
+            const spec::CalibrationProgress callback = progress_callback(progress);
+            nb::gil_scoped_release release;
+            return spec::decide_flash_attention(e.target(), n_decodes, rounds, callback);
+        }, "n_decodes"_a = 2, "rounds"_a = 12, "progress"_a = nb::none(),
+           "Times the target with flash attention off and on at flash_attention_depths(n_ctx) and chooses for "
+           "flash_attention_at_depth(n_ctx) (the engine's own cache is left alone).")
         .def("time_decodes", [](spec::Engine& e, const std::vector<int32_t>& sizes, int32_t repeats, bool all_rows,
                                 int32_t context, bool non_decreasing, nb::object progress) {
             const spec::CalibrationProgress callback = progress_callback(progress);

@@ -41,7 +41,7 @@
 #endif
 
 #define PYSPEC_VERSION_MAJOR 1
-#define PYSPEC_VERSION_MINOR 1
+#define PYSPEC_VERSION_MINOR 2
 #define PYSPEC_VERSION_PATCH 0
 
 #ifdef __cplusplus
@@ -126,6 +126,21 @@ PYSPEC_API pyspec_status pyspec_engine_load_rpc(const char * target_path, const 
 // engine (wait for generations on other threads to return first). Generations it produced stay
 // valid.
 PYSPEC_API void pyspec_engine_free(pyspec_engine * engine);
+
+// Times this engine's target with llama.cpp's flash attention off and on and says which setting
+// makes its steps cheaper on this machine, as the Python package's flash_attn="auto" decides
+// (since 1.2): two temporary contexts on the loaded weights, as wide as the engine's window up
+// to 4,096 cells; decodes of 1 token (a plain step) and of 8 tokens (a verification) at two
+// context depths, the two settings alternating in paired rounds; *on where a plain step and a
+// verification together (the geometric mean of their cost ratios on / off) are at least 2%
+// cheaper at a typical request's depth (320 tokens, or half a smaller window). It takes seconds
+// to a minute on a CPU (~14 s for a 135M model, ~50 s for a 1.5B one on 2 cores) and leaves the
+// engine as loaded: to follow the choice, load again with params.flash_attn = *on, and keep the
+// choice for this model file, window and machine rather than timing at every start. *ratio (may
+// be NULL): that geometric mean. Waits for a generation on another thread; PYSPEC_ERR_BUSY from
+// this engine's own stream callback; PYSPEC_ERR_MODEL_LOAD when llama.cpp cannot create the
+// temporary contexts (memory), PYSPEC_ERR_DECODE when a timed decode fails.
+PYSPEC_API pyspec_status pyspec_engine_decide_flash_attn(pyspec_engine * engine, bool * on, double * ratio);
 
 // Queries, any thread at any time. 0 (or false) for a NULL engine.
 PYSPEC_API int32_t pyspec_engine_n_vocab(const pyspec_engine * engine);

@@ -306,6 +306,85 @@ class AutoParams:
     @check_history.setter
     def check_history(self, arg: bool, /) -> None: ...
 
+class FlashAttentionTiming:
+    """
+    Decodes timed with flash attention off and on at one depth (Engine.time_flash_attention): medians in ms, paired ratios on / off.
+    """
+
+    def __init__(self, depth: int, ratio: float, batch_ratio: float, ms_off: float = 0.0, ms_on: float = 0.0, batch_ms_off: float = 0.0, batch_ms_on: float = 0.0, window: int = 0, rounds: int = 0) -> None: ...
+
+    @property
+    def depth(self) -> int: ...
+
+    @property
+    def window(self) -> int: ...
+
+    @property
+    def ms_off(self) -> float: ...
+
+    @property
+    def ms_on(self) -> float: ...
+
+    @property
+    def batch_ms_off(self) -> float: ...
+
+    @property
+    def batch_ms_on(self) -> float: ...
+
+    @property
+    def ratio(self) -> float: ...
+
+    @property
+    def batch_ratio(self) -> float: ...
+
+    @property
+    def rounds(self) -> int: ...
+
+class FlashAttentionDecision:
+    """
+    The flash-attention choice from timings at two depths (spec/calibrate.h).
+    """
+
+    @property
+    def near(self) -> FlashAttentionTiming: ...
+
+    @property
+    def far(self) -> FlashAttentionTiming: ...
+
+    @property
+    def at_depth(self) -> int: ...
+
+    @property
+    def plain_ratio(self) -> float: ...
+
+    @property
+    def verify_ratio(self) -> float: ...
+
+    @property
+    def ratio(self) -> float: ...
+
+    @property
+    def on(self) -> bool: ...
+
+FLASH_ATTN_BATCH: int = 8
+
+FLASH_ATTN_REQUEST_DEPTH: int = 320
+
+FLASH_ATTN_MARGIN: float = 0.02
+
+def flash_attention_depths(n_ctx: int) -> tuple[int, int]:
+    """
+    The two context depths the flash-attention timing runs at, within a window of n_ctx.
+    """
+
+def flash_attention_at_depth(n_ctx: int) -> int:
+    """
+    The context depth the flash-attention choice is made for, within a window of n_ctx.
+    """
+
+def choose_flash_attention(near: FlashAttentionTiming, far: FlashAttentionTiming, at_depth: int) -> FlashAttentionDecision:
+    """The flash-attention choice from timings at two depths, shallow first."""
+
 class CostCurve:
     @overload
     def __init__(self) -> None: ...
@@ -1005,9 +1084,14 @@ class Engine:
         Times decodes of k tokens on top of `context` cached tokens and installs the cost curve (method 'auto').
         """
 
-    def time_flash_attention(self, depth: int, n_decodes: int = 4, rounds: int = 4, batch: int = 8, progress: object | None = None) -> tuple[float, float, float, float, int]:
+    def decide_flash_attention(self, n_decodes: int = 2, rounds: int = 12, progress: object | None = None) -> FlashAttentionDecision:
         """
-        Median ms of the target's decodes of one token and of `batch` tokens (a row each) on top of `depth` cached tokens with flash attention: (one off, one on, batch off, batch on, window), each setting in a temporary context of its own (the engine's cache is left alone) as wide as the engine's window up to 4,096 cells (`window`).
+        Times the target with flash attention off and on at flash_attention_depths(n_ctx) and chooses for flash_attention_at_depth(n_ctx) (the engine's own cache is left alone).
+        """
+
+    def time_flash_attention(self, depths: Sequence[int], n_decodes: int = 2, rounds: int = 12, batch: int = 8, progress: object | None = None) -> list[FlashAttentionTiming]:
+        """
+        Times the target's decodes of one token and of `batch` tokens (a row each) on top of each of `depths` cached tokens with flash attention off and on, each setting in a temporary context of its own (the engine's cache is left alone) as wide as the engine's window up to 4,096 cells: a FlashAttentionTiming per depth (medians in ms, and the medians of the per-round paired ratios on / off).
         """
 
     def time_decodes(self, sizes: Sequence[int], repeats: int = 3, all_rows: bool = True, context: int = 128, non_decreasing: bool = True, progress: object | None = None) -> CostCurve:

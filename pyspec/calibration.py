@@ -219,10 +219,15 @@ def ensure(engine: "Engine", draft: str | None, *, force: bool = False, repeats:
 
 FLASH_ATTN_ENV = "PYSPEC_FLASH_ATTN"
 FLASH_ATTN_MODES = ("auto", "on", "off")
-FLASH_ATTN_FORMAT = 3  # 3: decided at flash_attn_at_depth, 320 tokens (2: at 512; 1: at half the window)
-# Flash attention is kept only where it makes a one-token decode at least this much cheaper:
-# off is the setting the engine's numerics are characterised with (docs/numerics.md).
-FLASH_ATTN_MARGIN = 0.02
+FLASH_ATTN_FORMAT = 4  # 4: paired ratios; 3: medians, at 320 tokens (2: at 512; 1: at half the window)
+# The rule and its constants are the engine's (spec/calibrate.h), shared with the C API: flash
+# attention is kept only where it makes the steps at least FLASH_ATTN_MARGIN cheaper (off is the
+# setting the engine's numerics are characterised with first, docs/numerics.md); FLASH_ATTN_BATCH
+# tokens are the verification timed beside a plain step; FLASH_ATTN_REQUEST_DEPTH the depth of a
+# typical request's steps the choice is made for.
+FLASH_ATTN_MARGIN = float(_core.FLASH_ATTN_MARGIN)
+FLASH_ATTN_BATCH = int(_core.FLASH_ATTN_BATCH)
+FLASH_ATTN_REQUEST_DEPTH = int(_core.FLASH_ATTN_REQUEST_DEPTH)
 
 
 def flash_attn_mode(value: bool | str | None) -> str:
@@ -245,67 +250,55 @@ def flash_attn_mode(value: bool | str | None) -> str:
 
 def flash_attn_depths(n_ctx: int) -> tuple[int, int]:
     """The two context depths the decision times decodes at, within a window of n_ctx."""
-    far = max(2, min(1024, n_ctx // 2))
-    return max(1, min(256, far // 4)), far
-
-
-FLASH_ATTN_BATCH = 8  # the verification the decision times beside a one-token decode
-# The context depth the choice is made for: where a typical request's steps run. The bundled
-# suites' median prompts are 47 (chat), 67 (math), 156 (code) and 240 (edit) tokens long (p90
-# 100-400; SmolLM2's and Qwen2.5's chat templates), their answers 128-512, so a median step runs
-# at ~170-300 tokens of context; 320 leans toward the longer requests, which take more steps. A window of
-# 4,096 says how deep a request may go, not how deep most go. SmolLM2-135M is the model this
-# decides: its one-token decodes and short verifications are 4-8% cheaper with flash attention
-# up to ~300 tokens and dearer past ~600, so at 512 tokens its choice fell 1.5-2.3% either side of
-# the margin (docs/cost-curves.md, "Flash attention, decided by measurement").
-FLASH_ATTN_REQUEST_DEPTH = 320
+    near, far = _core.flash_attention_depths(int(n_ctx))
+    return int(near), int(far)
 
 
 def flash_attn_at_depth(n_ctx: int) -> int:
     """The context depth the flash-attention choice is made for, within a window of n_ctx."""
-    return max(1, min(FLASH_ATTN_REQUEST_DEPTH, n_ctx // 2))
+    return int(_core.flash_attention_at_depth(int(n_ctx)))
 
 
 @dataclass(frozen=True)
 class FlashAttnDecision:
-    """Median ms of decodes at two depths with flash attention off and on, of one token (a plain
-    step) and of FLASH_ATTN_BATCH tokens with a row each (a verification); the depth the choice is
-    made for (`flash_attn_at_depth`: a typical request's); and the choice. A
-    setting's cost there is a plain step plus a verification, each a straight line through its two
-    timed depths."""
+    """What the flash-attention timing measured at two depths (`_core.FlashAttentionTiming`): the
+    median ms of decodes of one token (a plain step) and of FLASH_ATTN_BATCH tokens with a row each
+    (a verification) with flash attention off and on, and the medians of the per-round paired
+    ratios on / off of each; the depth the choice is made for (`flash_attn_at_depth`: a typical
+    request's); the ratios there and the choice (`_core.choose_flash_attention`).
+
+    The choice reads the paired ratios, not the medians: a round times both settings within a few
+    decodes of each other, so a slow spell of a shared machine moves a ratio far less than it moves
+    either median. Each ratio is a straight line through its two depths read at `at_depth`; a plain
+    step's and a verification's count alike (`ratio_at_depth`, their geometric mean): requests with
+    nothing to copy are nearly all plain steps, copying ones spend much of their time verifying."""
 
     depths: tuple[int, int]
     ms_off: tuple[float, float]
     ms_on: tuple[float, float]
     batch_ms_off: tuple[float, float]
     batch_ms_on: tuple[float, float]
+    ratio: tuple[float, float]
+    batch_ratio: tuple[float, float]
     at_depth: int
+    plain_ratio: float  # a one-token decode on / off at at_depth
+    verify_ratio: float  # a FLASH_ATTN_BATCH-token decode on / off at at_depth
+    ratio_at_depth: float  # their geometric mean: below 1 - FLASH_ATTN_MARGIN, on
     on: bool
 
-    @staticmethod
-    def at(depths: tuple[int, int], ms: tuple[float, float], depth: int) -> float:
-        (d0, d1), (m0, m1) = depths, ms
-        slope = (m1 - m0) / (d1 - d0) if d1 != d0 else 0.0
-        return max(1e-9, m0 + slope * (depth - d0))
-
-    def cost(self, on: bool) -> float:
-        one, many = (self.ms_on, self.batch_ms_on) if on else (self.ms_off, self.batch_ms_off)
-        return self.at(self.depths, one, self.at_depth) + self.at(self.depths, many, self.at_depth)
-
-    @property
-    def cost_off(self) -> float:
-        return self.cost(False)
-
-    @property
-    def cost_on(self) -> float:
-        return self.cost(True)
+    @classmethod
+    def of(cls, d: Any) -> "FlashAttnDecision":
+        """From a `_core.FlashAttentionDecision`."""
+        a, b = d.near, d.far
+        return cls((a.depth, b.depth), (a.ms_off, b.ms_off), (a.ms_on, b.ms_on), (a.batch_ms_off, b.batch_ms_off),
+                   (a.batch_ms_on, b.batch_ms_on), (a.ratio, b.ratio), (a.batch_ratio, b.batch_ratio),
+                   int(d.at_depth), float(d.plain_ratio), float(d.verify_ratio), float(d.ratio), bool(d.on))
 
     @classmethod
-    def choose(cls, depths: tuple[int, int], ms_off: tuple[float, float], ms_on: tuple[float, float],
-               batch_ms_off: tuple[float, float], batch_ms_on: tuple[float, float],
-               at_depth: int) -> "FlashAttnDecision":
-        d = cls(depths, ms_off, ms_on, batch_ms_off, batch_ms_on, at_depth, False)
-        return replace(d, on=d.cost_on < d.cost_off * (1.0 - FLASH_ATTN_MARGIN))
+    def choose(cls, timings: Sequence[Any], at_depth: int) -> "FlashAttnDecision":
+        """The decision from two `_core.FlashAttentionTiming`s, shallow first, for `at_depth`."""
+        near, far = timings
+        return cls.of(_core.choose_flash_attention(near, far, int(at_depth)))
 
 
 def flash_attn_key(path: str, *, n_ctx: Any, n_threads: Any, n_gpu_layers: Any, repack: str, huge_pages: bool,
@@ -320,19 +313,22 @@ def flash_attn_key(path: str, *, n_ctx: Any, n_threads: Any, n_gpu_layers: Any, 
             "backend": hashlib.sha256(str(_core.backend_description()).encode()).hexdigest()[:16]}
 
 
+_DECISION_FIELDS = ("depths", "ms_off", "ms_on", "batch_ms_off", "batch_ms_on", "ratio", "batch_ratio")
+
+
 def load_flash_attn(key: dict[str, Any], cache: Cache | None = None) -> FlashAttnDecision | None:
     """The cached decision for `key`, or None (missing, unreadable or for another key)."""
     return _read(cache_file(key, cache), key, "flash-attention decision", lambda data: FlashAttnDecision(
-        tuple(data["depths"]), tuple(data["ms_off"]), tuple(data["ms_on"]), tuple(data["batch_ms_off"]),
-        tuple(data["batch_ms_on"]), int(data["at_depth"]), bool(data["on"])))
+        *(tuple(data[f]) for f in _DECISION_FIELDS), int(data["at_depth"]), float(data["plain_ratio"]),
+        float(data["verify_ratio"]), float(data["ratio_at_depth"]), bool(data["on"])))
 
 
 def save_flash_attn(key: dict[str, Any], decision: FlashAttnDecision, cache: Cache | None = None) -> Path:
     """Writes the decision atomically beside the cost curves."""
     return _write(cache_file(key, cache), {
-        "key": key, "depths": list(decision.depths), "ms_off": list(decision.ms_off), "ms_on": list(decision.ms_on),
-        "batch_ms_off": list(decision.batch_ms_off), "batch_ms_on": list(decision.batch_ms_on),
-        "at_depth": decision.at_depth, "on": decision.on})
+        "key": key, **{f: list(getattr(decision, f)) for f in _DECISION_FIELDS}, "at_depth": decision.at_depth,
+        "plain_ratio": decision.plain_ratio, "verify_ratio": decision.verify_ratio,
+        "ratio_at_depth": decision.ratio_at_depth, "on": decision.on})
 
 
 def forget_flash_attn(key: dict[str, Any], cache: Cache | None = None) -> None:
@@ -340,27 +336,21 @@ def forget_flash_attn(key: dict[str, Any], cache: Cache | None = None) -> None:
     cache_file(key, cache).unlink(missing_ok=True)
 
 
-def measure_flash_attn(core: Any, n_ctx: int, *, n_decodes: int = 4, rounds: int = 4,
+def measure_flash_attn(core: Any, n_ctx: int, *, n_decodes: int = 2, rounds: int = 12,
                        progress: bool | None = None) -> FlashAttnDecision:
-    """Times the loaded target with flash attention off and on (`_core.Engine.time_flash_attention`,
+    """Times the loaded target with flash attention off and on (`_core.Engine.decide_flash_attention`:
     temporary contexts of their own, as wide as the engine's window up to 4,096 cells) at the two
     depths of `flash_attn_depths(n_ctx)` and chooses for `flash_attn_at_depth(n_ctx)`."""
-    depths = flash_attn_depths(n_ctx)
-    log.info("deciding flash attention: decodes of 1 and %d tokens at %d and %d tokens of context, off and on",
-             FLASH_ATTN_BATCH, *depths)
+    log.info("deciding flash attention: %d rounds of decodes of 1 and %d tokens at %d and %d tokens of context, "
+             "off and on", rounds, FLASH_ATTN_BATCH, *flash_attn_depths(n_ctx))
     bar, update = _progress("deciding flash attention", progress)
     try:
-        timed = []
-        for i, depth in enumerate(depths):
-            timed.append(core.time_flash_attention(
-                depth, n_decodes, rounds, FLASH_ATTN_BATCH,
-                lambda done, total, i=i: update(i * total + done, 2 * total)))
+        measured = core.decide_flash_attention(n_decodes, rounds, update)
     finally:
         bar.close()
-    a, b = timed
-    decision = FlashAttnDecision.choose(depths, (a[0], b[0]), (a[1], b[1]), (a[2], b[2]), (a[3], b[3]),
-                                        flash_attn_at_depth(n_ctx))
-    log.info("flash attention %s: a one-token decode plus a %d-token one at %d tokens of context %.2f ms off, "
-             "%.2f ms on (timed in a %d-cell window)", "on" if decision.on else "off", FLASH_ATTN_BATCH,
-             decision.at_depth, decision.cost_off, decision.cost_on, b[4])
+    decision = FlashAttnDecision.of(measured)
+    log.info("flash attention %s: at %d tokens of context it costs a plain step x%.3f and a %d-token verification "
+             "x%.3f (medians of %d paired rounds; geometric mean %.3f; timed in a %d-cell window)",
+             "on" if decision.on else "off", decision.at_depth, decision.plain_ratio, FLASH_ATTN_BATCH,
+             decision.verify_ratio, rounds, decision.ratio_at_depth, measured.far.window)
     return decision

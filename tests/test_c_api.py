@@ -91,7 +91,7 @@ def test_pkg_config_builds_simple(installed: Installed, tmp_path: Path) -> None:
     if not pkg:
         pytest.skip("pkg-config is not installed")
     env = dict(os.environ, PKG_CONFIG_PATH=str(installed.prefix / "lib" / "pkgconfig"))
-    assert run(pkg, "--modversion", "pyspec", env=env).stdout.strip() == "1.1.0"
+    assert run(pkg, "--modversion", "pyspec", env=env).stdout.strip() == "1.2.0"
     flags = run(pkg, "--cflags", "--libs", "pyspec", env=env).stdout.split()
     assert "-lpyspec" in flags
     libdir = next(f[2:] for f in flags if f.startswith("-L"))
@@ -173,7 +173,7 @@ def test_ctypes_shape(installed: Installed) -> None:
     error string from Python through the C ABI; the tokens are those of the Python package's
     plain decoding of the same prompt."""
     lib = load_library(installed.library)
-    assert lib.pyspec_version().decode() == "1.1.0"
+    assert lib.pyspec_version().decode() == "1.2.0"
 
     engine = ctypes.c_void_p()
     missing = b"/nonexistent/target.gguf"

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import pyspec
-from pyspec import calibration
+from pyspec import _core, calibration
 from pyspec.bench.llamacpp_run import ToolSettings, _common_args
 from pyspec.errors import InvalidArgumentError
 
@@ -38,37 +38,46 @@ def test_the_mode_is_auto_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
         calibration.flash_attn_mode(None)
 
 
+def _timing(depth: int, ratio: float, batch_ratio: float, ms: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0)) -> object:
+    off, on, batch_off, batch_on = ms
+    return _core.FlashAttentionTiming(depth, ratio, batch_ratio, ms_off=off, ms_on=on, batch_ms_off=batch_off,
+                                      batch_ms_on=batch_on)
+
+
 def test_the_choice_is_made_for_a_typical_request() -> None:
-    """A setting's cost is a plain step plus a verification, each a straight line through its two
-    timed depths, read at a typical request's depth (320 tokens, or half a smaller window: not half
-    a large window, which few requests fill); flash attention is chosen only where it is at least
-    FLASH_ATTN_MARGIN cheaper there."""
+    """The per-round paired ratios on / off of a plain step and of a verification, each a straight
+    line through its two timed depths, read at a typical request's depth (320 tokens, or half a
+    smaller window: not half a large window, which few requests fill) and weighed alike (their
+    geometric mean); flash attention is chosen only where that is at least FLASH_ATTN_MARGIN
+    cheaper."""
     assert calibration.flash_attn_depths(4096) == (256, 1024)
     assert calibration.flash_attn_depths(256) == (32, 128)
     assert [calibration.flash_attn_at_depth(n) for n in (256, 640, 1024, 4096, 32768)] == [128, 320, 320, 320, 320]
     at_4096 = calibration.flash_attn_at_depth(4096)
-    # SmolLM2-135M's measured decisions on the Zen 4 (4,096-token window): on is cheaper at 256
-    # tokens, dearer at 1,024. One read 1.5% cheaper at 512 tokens (off, inside the margin) and
-    # 3.6% at a typical request's depth (on); at half the window it is off.
-    smol = ((256, 1024), (11.26, 13.95), (10.54, 13.38), (47.62, 61.52), (45.78, 64.29))
-    assert not calibration.FlashAttnDecision.choose(*smol, at_depth=512).on
-    assert calibration.FlashAttnDecision.choose(*smol, at_depth=at_4096).on
-    assert not calibration.FlashAttnDecision.choose(*smol, at_depth=2048).on
-    smol_b = ((256, 1024), (10.30, 12.48), (9.87, 11.53), (45.24, 53.95), (42.78, 56.65))
-    assert calibration.FlashAttnDecision.choose(*smol_b, at_depth=at_4096).on
-    # Qwen2.5-Coder-1.5B on the same machine: level on one-token decodes, dearer verifications: off
-    qwen = ((256, 1024), (33.74, 38.53), (34.48, 40.75), (213.37, 225.10), (217.08, 250.67))
-    assert not calibration.FlashAttnDecision.choose(*qwen, at_depth=at_4096).on
-    # on is cheaper at the short depth, dearer at the long one: the window decides
-    depths, off, on, batch_off, batch_on = (256, 1024), (40.0, 44.0), (38.0, 46.0), (100.0, 110.0), (90.0, 120.0)
-    short = calibration.FlashAttnDecision.choose(depths, off, on, batch_off, batch_on, at_depth=128)
-    long = calibration.FlashAttnDecision.choose(depths, off, on, batch_off, batch_on, at_depth=2048)
-    assert short.on and short.cost_off == pytest.approx(137.0 + 2 / 3) and short.cost_on == pytest.approx(121.0 + 2 / 3)
-    assert not long.on and long.cost_off == pytest.approx(172.0 + 2 / 3) and long.cost_on == pytest.approx(216.0 + 2 / 3)
-    # 1% cheaper is within the margin: off stays
-    flat = (40.0, 40.0)
-    assert not calibration.FlashAttnDecision.choose(depths, flat, (39.6, 39.6), flat, (39.6, 39.6), at_depth=512).on
-    assert calibration.FlashAttnDecision.choose(depths, flat, (39.0, 39.0), flat, (39.0, 39.0), at_depth=512).on
+    choose = calibration.FlashAttnDecision.choose
+    # SmolLM2-135M's measured paired ratios on the Zen 4 (4,096-token window, one decision each):
+    # in a busy spell flash attention made plain steps 7% and short verifications 9% cheaper; in
+    # a quiet one plain steps were level and verifications dearer (1.2x at 1,024 tokens).
+    busy = choose([_timing(256, 0.931, 0.908), _timing(1024, 0.874, 1.037)], at_4096)
+    assert busy.on and busy.plain_ratio == pytest.approx(0.931 - 0.057 / 12) and busy.ratio_at_depth < 0.93
+    quiet = choose([_timing(256, 1.004, 1.007), _timing(1024, 0.972, 1.175)], at_4096)
+    assert not quiet.on and quiet.verify_ratio == pytest.approx(1.007 + 0.168 / 12)
+    assert quiet.ratio_at_depth == pytest.approx((quiet.plain_ratio * quiet.verify_ratio) ** 0.5)
+    # ... and read at half the window, the dearer long verifications make even the busy one off
+    assert not choose([_timing(256, 0.931, 0.908), _timing(1024, 0.874, 1.037)], 2048).on
+    # Qwen2.5-Coder-1.5B: plain steps 4% and verifications 1.5% dearer with it: off
+    assert not choose([_timing(256, 1.042, 1.011), _timing(1024, 0.987, 1.058)], at_4096).on
+    # The paired ratios decide, not the medians: a slow spell in the rounds of one setting moves its
+    # median (here flash attention's decodes look 30% dearer) but not the ratio within each round.
+    spell = choose([_timing(256, 0.95, 0.95, (10.0, 13.0, 40.0, 52.0)),
+                    _timing(1024, 0.95, 0.95, (12.0, 15.6, 48.0, 62.4))], at_4096)
+    assert spell.on and spell.ms_on == (13.0, 15.6) and spell.batch_ms_off == (40.0, 48.0)
+    # 1% cheaper is within the margin: off stays; 3% cheaper: on
+    assert calibration.FLASH_ATTN_MARGIN == 0.02
+    assert not choose([_timing(256, 0.99, 0.99), _timing(1024, 0.99, 0.99)], 512).on
+    assert choose([_timing(256, 0.97, 0.97), _timing(1024, 0.97, 0.97)], 512).on
+    # a plain step cheaper and a verification dearer by the same factor are level: off
+    assert not choose([_timing(256, 0.9, 1 / 0.9), _timing(1024, 0.9, 1 / 0.9)], 512).on
 
 
 def _cached_files(folder: Path) -> list[dict]:
@@ -95,6 +104,8 @@ def test_auto_times_both_once_and_follows_the_cached_choice(q4_target: str, deci
         assert engine.flash_attn_mode == "auto" and measured is not None
         assert measured.depths == calibration.flash_attn_depths(256) and measured.at_depth == 128
         assert min(measured.ms_off + measured.ms_on + measured.batch_ms_off + measured.batch_ms_on) > 0
+        assert min(measured.ratio + measured.batch_ratio) > 0
+        assert measured.on is (measured.ratio_at_depth < 1 - calibration.FLASH_ATTN_MARGIN)
         assert engine.flash_attn is measured.on and engine.target_settings()["flash_attn"] is measured.on
         np.testing.assert_array_equal(engine.evaluate(tokens, all_rows=True), rows[measured.on])
     (cached,) = _cached_files(decisions)
@@ -106,12 +117,15 @@ def test_auto_times_both_once_and_follows_the_cached_choice(q4_target: str, deci
         cached_file: Path = cached["file"]
         data = {k: v for k, v in cached.items() if k != "file"}
         cached_file.write_text(json.dumps({**data, "ms_off": [1.0, 2.0], "ms_on": [3.0, 4.0],
-                                           "batch_ms_off": [5.0, 6.0], "batch_ms_on": [7.0, 8.0], "on": on}),
+                                           "batch_ms_off": [5.0, 6.0], "batch_ms_on": [7.0, 8.0],
+                                           "ratio": [3.0, 2.0], "batch_ratio": [1.4, 1.33], "plain_ratio": 2.5,
+                                           "verify_ratio": 1.35, "ratio_at_depth": 1.8, "on": on}),
                                encoding="utf-8")
         with pyspec.Engine(q4_target, n_ctx=256, n_threads=2) as engine:
             assert engine.flash_attn is on
             assert engine.flash_attn_decision == calibration.FlashAttnDecision(
-                (32, 128), (1.0, 2.0), (3.0, 4.0), (5.0, 6.0), (7.0, 8.0), 128, on)
+                (32, 128), (1.0, 2.0), (3.0, 4.0), (5.0, 6.0), (7.0, 8.0), (3.0, 2.0), (1.4, 1.33), 128, 2.5, 1.35,
+                1.8, on)
             np.testing.assert_array_equal(engine.evaluate(tokens, all_rows=True), rows[on])
             # the cost curve of a flash-attention context is kept apart
             assert ("flash_attn" in calibration.cache_key(engine, None)) is on
@@ -126,24 +140,33 @@ def test_auto_times_both_once_and_follows_the_cached_choice(q4_target: str, deci
 def test_timing_leaves_the_engine_as_it_was(q4_target: str) -> None:
     with pyspec.Engine(q4_target, n_ctx=256, n_threads=2, flash_attn=False) as engine:
         before = engine.generate("The timing uses contexts of its own", max_tokens=12, method="none").tokens
-        *ms, window = engine._core.time_flash_attention(64, 2, 1, 4)
-        assert min(ms) > 0
-        assert window == 256  # the engine's window: without flash attention the window sets the cost
+        near, far = engine._core.time_flash_attention([32, 64], 2, 3, 4)
+        assert (near.depth, far.depth, near.rounds, far.rounds) == (32, 64, 3, 3)
+        for t in (near, far):
+            assert min(t.ms_off, t.ms_on, t.batch_ms_off, t.batch_ms_on, t.ratio, t.batch_ratio) > 0
+            assert t.window == 256  # the engine's window: without flash attention the window sets the cost
         assert engine.generate("The timing uses contexts of its own", max_tokens=12, method="none").tokens == before
-        for bad in ((0, 2, 1, 4), (64, 0, 1, 4), (64, 2, 0, 4), (64, 2, 1, 0)):
-            with pytest.raises(InvalidArgumentError, match="depth, n_decodes, rounds and batch >= 1"):
+        for bad in (([0], 2, 1, 4), ([64, 32], 2, 1, 4), ([32, 32], 2, 1, 4), ([], 2, 1, 4)):
+            with pytest.raises(InvalidArgumentError, match="depths >= 1 in ascending order"):
                 engine._core.time_flash_attention(*bad)
+        for bad in (([64], 0, 1, 4), ([64], 2, 0, 4), ([64], 2, 1, 0)):
+            with pytest.raises(InvalidArgumentError, match="n_decodes, rounds and batch >= 1"):
+                engine._core.time_flash_attention(*bad)
+        decided = engine._core.decide_flash_attention(1, 1)
+        assert (decided.near.depth, decided.far.depth, decided.at_depth) == (32, 128, 128)
+        assert decided.on is (decided.ratio < 1 - calibration.FLASH_ATTN_MARGIN)
+        assert engine.generate("The timing uses contexts of its own", max_tokens=12, method="none").tokens == before
 
 
 def test_timing_takes_the_engines_window_up_to_a_cap(q4_target: str) -> None:
     """A decode without flash attention costs more in a wider window (V is kept transposed, one
     row per channel as long as the window), so the timing runs in the window the engine decodes
-    in, up to 4,096 cells; never narrower than the depth timed needs."""
+    in, up to 4,096 cells; never narrower than the deepest depth timed needs."""
     with pyspec.Engine(q4_target, n_ctx=8192, n_threads=2, flash_attn=False) as engine:
-        assert engine._core.time_flash_attention(32, 1, 1, 2)[4] == 4096
+        assert engine._core.time_flash_attention([32], 1, 1, 2)[0].window == 4096
     with pyspec.Engine(q4_target, n_ctx=256, n_threads=2, flash_attn=False) as engine:
-        assert engine._core.time_flash_attention(32, 1, 1, 2)[4] == 256
-        assert engine._core.time_flash_attention(300, 1, 1, 8)[4] == 309  # depth + batch + 1
+        assert engine._core.time_flash_attention([32], 1, 1, 2)[0].window == 256
+        assert [t.window for t in engine._core.time_flash_attention([32, 300], 1, 1, 8)] == [309, 309]
 
 
 def test_llama_cpp_tools_get_their_own_default_or_the_engines_setting(tmp_path: Path) -> None:
@@ -163,14 +186,14 @@ def test_calibrate_shows_the_choice_and_force_decides_again(q4_target: str, deci
         return json.loads(p.stdout)["flash_attn"]
 
     first = calibrate()
-    assert first["mode"] == "auto" and first["at_depth"] == 320 and min(first["ms_off"], first["ms_on"]) > 0
+    assert first["mode"] == "auto" and first["at_depth"] == 320 and min(first["plain"], first["verify"]) > 0
     (cached,) = _cached_files(decisions)
     data = {k: v for k, v in cached.items() if k != "file"}
-    cached["file"].write_text(json.dumps({**data, "ms_off": [1.0, 1.0], "ms_on": [3.0, 3.0], "batch_ms_off": [1.0, 1.0],
-                                          "batch_ms_on": [3.0, 3.0], "on": False}), encoding="utf-8")
-    assert calibrate() == {"on": False, "mode": "auto", "at_depth": 320, "ms_off": 2.0, "ms_on": 6.0}
+    cached["file"].write_text(json.dumps({**data, "plain_ratio": 3.0, "verify_ratio": 3.0, "ratio_at_depth": 3.0,
+                                          "on": False}), encoding="utf-8")
+    assert calibrate() == {"on": False, "mode": "auto", "at_depth": 320, "plain": 3.0, "verify": 3.0, "ratio": 3.0}
     again = calibrate("--force")
-    assert (again["ms_off"], again["ms_on"]) != (2.0, 6.0) and again["on"] is (again["ms_on"] < 0.98 * again["ms_off"])
+    assert again["ratio"] != 3.0 and again["on"] is (again["ratio"] < 1 - calibration.FLASH_ATTN_MARGIN)
     assert calibrate("--flash-attn", "on") == {"on": True, "mode": "on"}
     table = pyspec_cli("calibrate", "--target", q4_target, "--draft", "", "--repeats", "1")
     assert table.returncode == 0 and "flash attention: " in table.stdout

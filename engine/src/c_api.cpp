@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "spec/calibrate.h"
 #include "spec/decoder.h"
 #include "spec/drafter_registry.h"
 #include "spec/error.h"
@@ -474,6 +475,22 @@ int64_t pyspec_generation_head_version(const pyspec_generation* generation) {
 }
 
 void pyspec_generation_free(pyspec_generation* generation) { delete generation; }
+
+// ---- flash attention ---------------------------------------------------------------------------
+
+pyspec_status pyspec_engine_decide_flash_attn(pyspec_engine* engine, bool* on, double* ratio) {
+    return guarded([&] {
+        if (!engine) return null_argument("pyspec_engine_decide_flash_attn", "engine");
+        if (!on) return null_argument("pyspec_engine_decide_flash_attn", "on");
+        // Held as a generation is: the timing shares the weights and would be skewed by one.
+        EngineHold hold(*engine);
+        if (!hold.acquire()) return busy("pyspec_engine_decide_flash_attn");
+        const spec::FlashAttentionDecision d = spec::decide_flash_attention(engine->engine->target());
+        *on = d.on;
+        if (ratio) *ratio = d.ratio;
+        return PYSPEC_OK;
+    });
+}
 
 // ---- phrase pool -------------------------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <string>
 #include <thread>
@@ -76,23 +77,31 @@ struct ContextFree {
 
 }  // namespace
 
-FlashAttentionTiming time_flash_attention(Model& model, int32_t depth, int32_t n_decodes, int32_t rounds,
-                                          int32_t batch, const CalibrationProgress& progress) {
-    if (depth < 1 || n_decodes < 1 || rounds < 1 || batch < 1) {
-        throw InvalidArgumentError("flash attention timing needs depth, n_decodes, rounds and batch >= 1, got " +
-                                   std::to_string(depth) + ", " + std::to_string(n_decodes) + ", " +
-                                   std::to_string(rounds) + ", " + std::to_string(batch));
+std::vector<FlashAttentionTiming> time_flash_attention(Model& model, const std::vector<int32_t>& depths,
+                                                       int32_t n_decodes, int32_t rounds, int32_t batch,
+                                                       const CalibrationProgress& progress) {
+    if (depths.empty() || depths.front() < 1 || !std::is_sorted(depths.begin(), depths.end()) ||
+        std::adjacent_find(depths.begin(), depths.end()) != depths.end()) {
+        std::string got;
+        for (int32_t d : depths) got += (got.empty() ? "" : ", ") + std::to_string(d);
+        throw InvalidArgumentError("flash attention timing needs depths >= 1 in ascending order, got [" + got + "]");
+    }
+    if (n_decodes < 1 || rounds < 1 || batch < 1) {
+        throw InvalidArgumentError("flash attention timing needs n_decodes, rounds and batch >= 1, got " +
+                                   std::to_string(n_decodes) + ", " + std::to_string(rounds) + ", " +
+                                   std::to_string(batch));
     }
     const ModelParams& params = model.params();
     const int32_t n_threads = params.n_threads > 0 ? params.n_threads
                                                    : std::max(1, int32_t(std::thread::hardware_concurrency()));
-    const int32_t n_batch = std::max(batch, std::min(params.n_batch, depth));
+    const int32_t deepest = depths.back();
+    const int32_t n_batch = std::max(batch, std::min(params.n_batch, deepest));
     // The window the engine decodes in, up to kFlashAttnTimingWindow cells: without flash
     // attention a decode costs more in a wide window than in one just deep enough for the timing
     // (SmolLM2-135M's plain steps 8% at 4,096 cells against 384; llama.cpp keeps V transposed
     // there, one row per channel as long as the window), with it the window made no difference
     // (docs/cost-curves.md, "Flash attention, decided by measurement").
-    const int32_t n_ctx = std::max(depth + std::max(n_decodes, batch) + 1,
+    const int32_t n_ctx = std::max(deepest + std::max(n_decodes, batch) + 1,
                                    std::min(model.n_ctx(), kFlashAttnTimingWindow));
     std::unique_ptr<llama_context, ContextFree> ctx[2];
     for (int on = 0; on < 2; ++on) {
@@ -133,32 +142,75 @@ FlashAttentionTiming time_flash_attention(Model& model, int32_t depth, int32_t n
         if (rc != 0) throw DecodeError("llama_decode failed (" + std::to_string(rc) + ") while timing flash attention");
         llama_synchronize(c);
     };
-    const int32_t total = 2 + 2 * rounds;
-    int32_t done = 0;
-    for (auto& c : ctx) {
-        for (int32_t at = 0; at < depth; at += n_batch) decode(c.get(), at, std::min(n_batch, depth - at), false);
-        decode(c.get(), depth, batch, true);  // warm-up: first-use allocations
-        llama_memory_seq_rm(llama_get_memory(c.get()), 0, depth, -1);
-        if (progress) progress(++done, total);
-    }
-    std::vector<double> one[2], many[2];
-    auto timed = [&](llama_context* c, int32_t n, std::vector<double>& out) {
+    // Mean ms of n_decodes decodes of n tokens on top of `depth`, each removed after it.
+    auto timed = [&](llama_context* c, int32_t depth, int32_t n, std::vector<double>& all) {
+        double sum = 0.0;
         for (int32_t i = 0; i < n_decodes; ++i) {
             const auto t0 = std::chrono::steady_clock::now();
             decode(c, depth, n, true);
-            out.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+            const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+            all.push_back(ms);
+            sum += ms;
             llama_memory_seq_rm(llama_get_memory(c), 0, depth, -1);
         }
+        return sum / n_decodes;
     };
-    for (int32_t r = 0; r < rounds; ++r) {
-        for (int k = 0; k < 2; ++k) {
-            const int on = (r + k) % 2;
-            timed(ctx[on].get(), 1, one[on]);
-            timed(ctx[on].get(), batch, many[on]);
+    const int32_t total = int32_t(depths.size()) * (2 + 2 * rounds);
+    int32_t done = 0;
+    int32_t filled = 0;  // tokens in both contexts' caches
+    std::vector<FlashAttentionTiming> out;
+    for (int32_t depth : depths) {
+        for (auto& c : ctx) {
+            for (int32_t at = filled; at < depth; at += n_batch) decode(c.get(), at, std::min(n_batch, depth - at), false);
+            decode(c.get(), depth, batch, true);  // warm-up: first-use allocations, this depth's cells
+            llama_memory_seq_rm(llama_get_memory(c.get()), 0, depth, -1);
             if (progress) progress(++done, total);
         }
+        filled = depth;
+        std::vector<double> one[2], many[2], one_ratio, many_ratio;
+        for (int32_t r = 0; r < rounds; ++r) {
+            double one_mean[2], many_mean[2];
+            for (int k = 0; k < 2; ++k) {
+                const int on = (r + k) % 2;
+                one_mean[on] = timed(ctx[on].get(), depth, 1, one[on]);
+                many_mean[on] = timed(ctx[on].get(), depth, batch, many[on]);
+                if (progress) progress(++done, total);
+            }
+            one_ratio.push_back(one_mean[1] / one_mean[0]);
+            many_ratio.push_back(many_mean[1] / many_mean[0]);
+        }
+        out.push_back(FlashAttentionTiming{depth, n_ctx, median(one[0]), median(one[1]), median(many[0]),
+                                           median(many[1]), median(one_ratio), median(many_ratio), rounds});
     }
-    return FlashAttentionTiming{depth, n_ctx, median(one[0]), median(one[1]), median(many[0]), median(many[1])};
+    return out;
+}
+
+std::pair<int32_t, int32_t> flash_attention_depths(int32_t n_ctx) {
+    const int32_t far = std::max(2, std::min(1024, n_ctx / 2));
+    return {std::max(1, std::min(256, far / 4)), far};
+}
+
+int32_t flash_attention_at_depth(int32_t n_ctx) { return std::max(1, std::min(kFlashAttnRequestDepth, n_ctx / 2)); }
+
+FlashAttentionDecision choose_flash_attention(const FlashAttentionTiming& near, const FlashAttentionTiming& far,
+                                              int32_t at_depth) {
+    auto at = [&](double v0, double v1) {
+        const double slope = far.depth != near.depth ? (v1 - v0) / double(far.depth - near.depth) : 0.0;
+        return std::max(1e-9, v0 + slope * double(at_depth - near.depth));
+    };
+    FlashAttentionDecision d{near, far, at_depth};
+    d.plain_ratio = at(near.ratio, far.ratio);
+    d.verify_ratio = at(near.batch_ratio, far.batch_ratio);
+    d.ratio = std::sqrt(d.plain_ratio * d.verify_ratio);
+    d.on = d.ratio < 1.0 - kFlashAttnMargin;
+    return d;
+}
+
+FlashAttentionDecision decide_flash_attention(Model& model, int32_t n_decodes, int32_t rounds,
+                                              const CalibrationProgress& progress) {
+    const auto [near, far] = flash_attention_depths(model.n_ctx());
+    const auto t = time_flash_attention(model, {near, far}, n_decodes, rounds, kFlashAttnBatch, progress);
+    return choose_flash_attention(t[0], t[1], flash_attention_at_depth(model.n_ctx()));
 }
 
 }  // namespace spec

@@ -30,15 +30,16 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         decision = engine.flash_attn_decision
         fa = {"on": engine.flash_attn, "mode": engine.flash_attn_mode}
         if decision is not None:
-            fa.update(at_depth=decision.at_depth, ms_off=round(decision.cost_off, 2), ms_on=round(decision.cost_on, 2))
+            fa.update(at_depth=decision.at_depth, plain=round(decision.plain_ratio, 3),
+                      verify=round(decision.verify_ratio, 3), ratio=round(decision.ratio_at_depth, 3))
     payload: dict[str, Any] = {name: {"n_tokens": list(c.n_tokens), "ms": [round(t, 2) for t in c.ms]}
                                for name, c in curves.items()}
     if args.json:
         print(json.dumps({**payload, "flash_attn": fa}))
         return 0
     print(f"flash attention: {'on' if fa['on'] else 'off'} ({fa['mode']}"
-          + (f": a one-token decode plus an {FLASH_ATTN_BATCH}-token one at {fa['at_depth']} tokens of context "
-             f"{fa['ms_off']:.1f} ms off, {fa['ms_on']:.1f} ms on" if decision is not None else "") + ")")
+          + (f": at {fa['at_depth']} tokens of context it costs a plain step x{fa['plain']:.3f} and an "
+             f"{FLASH_ATTN_BATCH}-token verification x{fa['verify']:.3f}" if decision is not None else "") + ")")
     for name, c in curves.items():
         print(f"{name}: one decode of k tokens (ms, and relative to k=1)")
         print("  k    " + " ".join(f"{k:>7d}" for k in c.n_tokens))

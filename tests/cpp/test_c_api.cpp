@@ -223,6 +223,7 @@ struct StreamState {
     int32_t cancel_after = 0;
     std::string text;
     pyspec_status reentrant = PYSPEC_OK;
+    pyspec_status reentrant_flash_attn = PYSPEC_OK;
 };
 
 bool on_piece(const char* piece, size_t n_bytes, void* user_data) {
@@ -231,6 +232,8 @@ bool on_piece(const char* piece, size_t n_bytes, void* user_data) {
     if (++state->n_pieces == 1) {
         // Calls that wait for the engine would wait for this very generation.
         state->reentrant = pyspec_draft_remove(state->engine, nullptr);
+        bool on = false;
+        state->reentrant_flash_attn = pyspec_engine_decide_flash_attn(state->engine, &on, nullptr);
         int32_t n = 0;
         CHECK(pyspec_tokenize(state->engine, "def", false, false, nullptr, 0, &n) ==
               PYSPEC_ERR_BUFFER_TOO_SMALL);  // the tokenizer is free to use
@@ -248,6 +251,7 @@ void test_stream_and_cancel(pyspec_engine* engine) {
     CHECK(pyspec_generate(engine, "class Counter:", &params, on_piece, &state, &g) == PYSPEC_OK);
     CHECK(state.n_pieces == 3);
     CHECK(state.reentrant == PYSPEC_ERR_BUSY);
+    CHECK(state.reentrant_flash_attn == PYSPEC_ERR_BUSY);
     CHECK(pyspec_engine_has_draft(engine, nullptr));  // the removal was refused
     CHECK(std::strcmp(pyspec_generation_finish_reason(g), "cancelled") == 0);
     CHECK(state.text == pyspec_generation_text(g, nullptr));
@@ -258,6 +262,49 @@ void test_stream_and_cancel(pyspec_engine* engine) {
     CHECK(pyspec_generate(engine, "class Counter:", &params, nullptr, nullptr, &g) == PYSPEC_OK);
     CHECK(pyspec_generation_stats(g).n_generated == 8);
     pyspec_generation_free(g);
+}
+
+std::vector<int32_t> greedy_tokens(pyspec_engine* engine, const char* prompt, int32_t n) {
+    pyspec_generate_params params = pyspec_generate_default_params();
+    params.max_tokens = n;
+    params.method = "none";
+    pyspec_generation* g = nullptr;
+    std::vector<int32_t> out;
+    CHECK(pyspec_generate(engine, prompt, &params, nullptr, nullptr, &g) == PYSPEC_OK);
+    if (!g) return out;
+    int32_t count = 0;
+    const int32_t* tokens = pyspec_generation_tokens(g, &count);
+    out.assign(tokens, tokens + count);
+    pyspec_generation_free(g);
+    return out;
+}
+
+// The flash-attention choice: NULLs refused, the rule's ratio and choice agree, the engine is left
+// as it was, and an engine loaded with the choice generates.
+void test_decide_flash_attn(pyspec_engine* engine) {
+    bool on = true;
+    double ratio = -1.0;
+    CHECK(pyspec_engine_decide_flash_attn(nullptr, &on, &ratio) == PYSPEC_ERR_INVALID_ARGUMENT);
+    CHECK(error_mentions("engine is NULL"));
+    CHECK(pyspec_engine_decide_flash_attn(engine, nullptr, &ratio) == PYSPEC_ERR_INVALID_ARGUMENT);
+    CHECK(error_mentions("on is NULL"));
+    CHECK(on && ratio == -1.0);  // nothing written on failure
+
+    const std::vector<int32_t> before = greedy_tokens(engine, "def add(a, b):", 12);
+    CHECK(pyspec_engine_decide_flash_attn(engine, &on, &ratio) == PYSPEC_OK);
+    CHECK(ratio > 0.0 && ratio < 10.0);
+    CHECK(on == (ratio < 0.98));
+    CHECK(pyspec_engine_decide_flash_attn(engine, &on, nullptr) == PYSPEC_OK);  // ratio is optional
+    CHECK(greedy_tokens(engine, "def add(a, b):", 12) == before);
+
+    pyspec_engine_params p = small_params();
+    p.flash_attn = on;
+    pyspec_engine* chosen = nullptr;
+    CHECK(pyspec_engine_load(g_target.c_str(), nullptr, &p, &chosen) == PYSPEC_OK);
+    if (chosen) {
+        CHECK(greedy_tokens(chosen, "def add(a, b):", 12).size() == 12);
+        pyspec_engine_free(chosen);
+    }
 }
 
 // Two threads generating on one engine take turns; both get the same greedy output.
@@ -387,6 +434,7 @@ int main(int argc, char** argv) {
     test_tokens_and_chat(engine);
     test_pool(engine);
     test_reload(engine);
+    test_decide_flash_attn(engine);
     pyspec_engine_free(engine);
 
     std::printf("test_c_api: %d checks, %d failures\n", g_checks, g_failures);
