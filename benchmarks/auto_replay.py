@@ -16,6 +16,10 @@ its llama.cpp peers on a quiet machine measures anything.
     python benchmarks/auto_replay.py --bench benchmarks/results/vs_llama_cpp_humaneval.json
     python benchmarks/auto_replay.py --suite edit --n 20 --max-tokens 192   # generates, cached
 
+The replay tokenizes and charges with the report's target (`--target` names another; suites
+generated here use Qwen2.5-Coder-1.5B unless it does), with flash attention as the engine
+decides or `$PYSPEC_FLASH_ATTN` says: the calibration must match the bench's setting.
+
 Prints per suite: modelled tokens/s of `none` and `auto`, their ratio (median of per-prompt
 ratios), tokens per target call and the share of plain steps; `--per-prompt` for a
 row per prompt. What the replay leaves out: the draft model (auto's proposals are prompt lookup
@@ -105,6 +109,18 @@ def target_calibration(engine: Engine) -> calibration.CostCurve:
     if curve is None:
         raise SystemExit("no cached calibration for the target: run `pyspec calibrate` on a quiet machine first")
     return curve
+
+
+def replay_target(target: str | None, benches: list[Path]) -> str:
+    """The target whose tokenizer and calibration a replay uses: `target` when given, else the
+    first bench report's (its outputs are that model's tokens), else TARGET."""
+    if target:
+        return target
+    if benches:
+        recorded = json.loads(benches[0].read_text(encoding="utf-8")).get("target")
+        if recorded:
+            return str(recorded)
+    return TARGET
 
 
 def model_cost(curve: Any, sizes: list[int]) -> float:
@@ -292,6 +308,10 @@ def ngram_simple_steps(prompt: list[int], output: list[int], max_tokens: int, si
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bench", type=Path, action="append", default=[], help="pyspec bench --json file(s) with none")
+    ap.add_argument("--target", default=None,
+                    help=f"the target whose tokenizer and calibration the replay uses (default: the first --bench "
+                         f"file's target, else {TARGET}); flash attention as the engine decides, or "
+                         f"$PYSPEC_FLASH_ATTN")
     ap.add_argument("--suite", action="append", default=[], help="suite(s) to generate none's outputs for")
     ap.add_argument("--n", type=int, default=20)
     ap.add_argument("--max-tokens", type=int, default=192)
@@ -344,7 +364,7 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args()
 
-    engine = Engine(TARGET, n_ctx=4096, n_threads=2)
+    engine = Engine(replay_target(args.target, args.bench), n_ctx=4096, n_threads=2)
     curve = target_calibration(engine)
     if args.prior_curve:
         planned = json.loads(args.prior_curve.read_text(encoding="utf-8"))[args.prior_context]

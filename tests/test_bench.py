@@ -761,6 +761,19 @@ def test_auto_replay_reads_the_prompts_of_a_sliced_suite(monkeypatch: pytest.Mon
         module.prompt_tokens(engine, "s[5:2]", 3)
 
 
+def test_auto_replay_replays_with_the_reports_target(tmp_path: Path) -> None:
+    """benchmarks/auto_replay.py: a report's outputs are its target's tokens, so the replay
+    tokenizes and charges with that target unless --target names one."""
+    module = _benchmark_script("auto_replay")
+    report = tmp_path / "r.json"
+    report.write_text(json.dumps({"target": "smollm2-135m-instruct", "results": []}), encoding="utf-8")
+    assert module.replay_target(None, [report]) == "smollm2-135m-instruct"
+    assert module.replay_target("m.gguf", [report]) == "m.gguf"
+    assert module.replay_target(None, []) == module.TARGET
+    report.write_text(json.dumps({"results": []}), encoding="utf-8")  # a report without the field
+    assert module.replay_target(None, [report]) == module.TARGET
+
+
 class _Curve:
     """A cost curve as auto_replay's models read it: at(k), the time of a step of k tokens."""
 
