@@ -14,6 +14,16 @@
 
 namespace spec {
 
+namespace {
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const size_t m = v.size();
+    return m % 2 ? v[m / 2] : 0.5 * (v[m / 2 - 1] + v[m / 2]);
+}
+
+}  // namespace
+
 std::vector<int32_t> default_calibration_sizes() { return {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64}; }
 
 CostCurve measure_cost_curve(Model& model, const std::vector<int32_t>& sizes, int32_t repeats, bool all_rows,
@@ -55,21 +65,11 @@ CostCurve measure_cost_curve(Model& model, const std::vector<int32_t>& sizes, in
     }
     model.kv_clear();
     CostCurve curve{sizes, {}};
-    for (auto& t : times) {
-        std::sort(t.begin(), t.end());
-        const size_t m = t.size();
-        curve.ms.push_back(m % 2 ? t[m / 2] : 0.5 * (t[m / 2 - 1] + t[m / 2]));
-    }
+    for (const auto& t : times) curve.ms.push_back(median(t));
     return non_decreasing ? monotone(curve) : curve;
 }
 
 namespace {
-
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    const size_t m = v.size();
-    return m % 2 ? v[m / 2] : 0.5 * (v[m / 2 - 1] + v[m / 2]);
-}
 
 struct ContextFree {
     void operator()(llama_context* ctx) const { llama_free(ctx); }
